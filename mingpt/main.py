@@ -1,0 +1,92 @@
+"""Train a character-level GPT.
+
+    python main.py [overrides]                                    one process
+    torchrun --standalone --nproc_per_node=4 main.py [overrides]  one process per GPU (or CPU rank)
+
+Hydra composes gpt2_train_cfg.yaml over the typed schema below, so a misspelt key or a value of the
+wrong type is refused before anything runs; the result is turned into dataclasses once, here, and
+their checks reject out-of-range values with one line naming the key.
+"""
+import os
+import sys
+from dataclasses import dataclass, field, replace
+
+import hydra
+import torch
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from char_dataset import REPO_ROOT, CharDataset, DataConfig, ensure_default_corpus, read_text, split_dataset
+from errors import MinGPTError, check
+from logger import configure_logging, log
+from model import GPT, GPTConfig, OptimizerConfig
+from process_group import DistEnv, barrier, distributed_session
+from trainer import Trainer, TrainerConfig
+
+
+@dataclass
+class TrainConfig:
+    """The whole config: the original's four groups."""
+
+    data_config: DataConfig = field(default_factory=DataConfig)
+    gpt_config: GPTConfig = field(default_factory=GPTConfig)
+    trainer_config: TrainerConfig = field(default_factory=TrainerConfig)
+    optimizer_config: OptimizerConfig = field(default_factory=OptimizerConfig)
+
+    def __post_init__(self) -> None:
+        for derived, source in (("vocab_size", "the data's characters"), ("block_size", "data_config.block_size")):
+            check(getattr(self.gpt_config, derived) is None, f"gpt_config.{derived}",
+                  f"comes from {source}; do not set it")
+
+
+ConfigStore.instance().store(name="train_config_schema", node=TrainConfig)
+OmegaConf.register_new_resolver("repo_path", lambda relative: str(REPO_ROOT / relative), replace=True)
+
+
+def load_dataset(config: DataConfig, env: DistEnv) -> CharDataset:
+    """One process per machine fetches the default corpus if it is missing; the others wait."""
+    if env.is_local_main:
+        ensure_default_corpus(config.path)
+    barrier()
+    dataset = CharDataset(read_text(config), config.block_size)
+    log.info(f"Data has {len(dataset.data)} characters, {dataset.vocab_size} unique.")
+    return dataset
+
+
+def train(config: TrainConfig) -> None:
+    with distributed_session() as env:
+        configure_logging(env.rank)
+        dataset = load_dataset(config.data_config, env)
+        train_set, test_set = split_dataset(dataset, config.data_config, config.trainer_config.seed)
+        gpt_config = replace(config.gpt_config, vocab_size=dataset.vocab_size, block_size=dataset.block_size)
+        torch.manual_seed(config.trainer_config.seed)  # the same initial weights on every rank
+        model = GPT(gpt_config)
+        trainer = Trainer(config.trainer_config, model, config.optimizer_config,
+                          train_set, test_set, dataset.vocab, env)
+        log.info(
+            f"Training {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters on "
+            f"{env.world_size} process(es), {env.backend} on {env.device.type}, {trainer.precision}; "
+            f"{len(train_set)} train and {len(test_set)} test samples"
+        )
+        trainer.train()
+
+
+def report_error(error: MinGPTError) -> None:
+    """One line on stderr, once per machine: the same bad input fails on every rank alike."""
+    rank = int(os.environ.get("RANK", 0))
+    if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+        origin = "" if rank == 0 else f"[rank {rank}] "
+        print(f"error: {origin}{error}", file=sys.stderr, flush=True)
+
+
+@hydra.main(version_base=None, config_path=".", config_name="gpt2_train_cfg")
+def main(cfg: DictConfig) -> None:
+    try:
+        train(OmegaConf.to_object(cfg))
+    except MinGPTError as error:
+        report_error(error)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

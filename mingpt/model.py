@@ -1,0 +1,213 @@
+"""A GPT-2 style language model and its optimizer. It knows nothing about parallelism.
+
+Shapes in comments: B batch, T time (block), C embedding, nh heads, hs head size (C // nh), V vocab.
+"""
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from errors import check, check_positive
+
+# (n_layer, n_head, n_embd) of the named models minGPT knows.
+PRESETS: dict[str, tuple[int, int, int]] = {
+    "openai-gpt": (12, 12, 768),  # 117M
+    "gpt2": (12, 12, 768),  # 124M
+    "gpt2-medium": (24, 16, 1024),  # 350M
+    "gpt2-large": (36, 20, 1280),  # 774M
+    "gpt2-xl": (48, 25, 1600),  # 1558M
+    "gopher-44m": (8, 16, 512),
+    "gpt-mini": (6, 6, 192),
+    "gpt-micro": (4, 4, 128),
+    "gpt-nano": (3, 3, 48),
+}
+
+
+@dataclass
+class GPTConfig:
+    """Model shape: either a `model_type` preset or all of n_layer, n_head, n_embd."""
+
+    model_type: Optional[str] = None
+    """A named preset (see PRESETS); give it alone, with the three sizes set to null."""
+    n_layer: Optional[int] = 8
+    n_head: Optional[int] = 8
+    n_embd: Optional[int] = 512
+    vocab_size: Optional[int] = None
+    """Set from the data, not by the user."""
+    block_size: Optional[int] = None
+    """Set from data_config.block_size, not by the user."""
+    embd_pdrop: float = 0.1
+    resid_pdrop: float = 0.1
+    attn_pdrop: float = 0.1
+
+    def __post_init__(self) -> None:
+        sizes = (self.n_layer, self.n_head, self.n_embd)
+        if self.model_type is not None:
+            check(self.model_type in PRESETS, "gpt_config.model_type",
+                  f"unknown preset {self.model_type!r}; choose one of {', '.join(PRESETS)}")
+            preset = PRESETS[self.model_type]
+            check(all(s is None or s == p for s, p in zip(sizes, preset)), "gpt_config.model_type",
+                  f"preset {self.model_type!r} given together with explicit sizes; use the preset alone "
+                  "(gpt_config.n_layer=null gpt_config.n_head=null gpt_config.n_embd=null) "
+                  "or drop gpt_config.model_type")
+            self.n_layer, self.n_head, self.n_embd = preset
+        for name, value in zip(("n_layer", "n_head", "n_embd"), sizes):
+            check(self.model_type is not None or value is not None, f"gpt_config.{name}",
+                  "missing; set n_layer, n_head and n_embd, or a gpt_config.model_type preset")
+        check_positive(self, "gpt_config", "n_layer", "n_head", "n_embd")
+        check(self.n_embd % self.n_head == 0, "gpt_config.n_embd",
+              f"{self.n_embd} is not divisible by gpt_config.n_head={self.n_head}")
+        for name in ("vocab_size", "block_size"):
+            value = getattr(self, name)
+            check(value is None or value > 0, f"gpt_config.{name}", f"must be positive, got {value}")
+        for name in ("embd_pdrop", "resid_pdrop", "attn_pdrop"):
+            value = getattr(self, name)
+            check(0.0 <= value < 1.0, f"gpt_config.{name}", f"must be in [0, 1), got {value}")
+
+
+@dataclass
+class OptimizerConfig:
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay, applied to Linear weights only."""
+    learning_rate: float = 3e-4
+
+    def __post_init__(self) -> None:
+        check_positive(self, "optimizer_config", "learning_rate")
+        check(self.weight_decay >= 0, "optimizer_config.weight_decay",
+              f"must not be negative, got {self.weight_decay}")
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head self-attention in which position t attends to positions <= t only."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.attn_pdrop = config.attn_pdrop
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd)
+        self.proj = nn.Linear(config.n_embd, config.n_embd)
+        self.resid_drop = nn.Dropout(config.resid_pdrop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        # (B, T, C) -> (B, nh, T, hs)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.attn_pdrop if self.training else 0.0, is_causal=True
+        )
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_drop(self.proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.gelu = nn.GELU()
+        self.proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.drop = nn.Dropout(config.resid_pdrop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.proj(self.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    """A pre-LayerNorm transformer block; the unit FSDP shards."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        if config.vocab_size is None or config.block_size is None:
+            raise ValueError("GPTConfig.vocab_size and block_size must be set from the data")
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
+        self.pos_emb = nn.Embedding(config.block_size, config.n_embd)
+        self.drop = nn.Dropout(config.embd_pdrop)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd)
+        self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.apply(self._init_weights)
+        # GPT-2: scale the projections that feed the residual stream, one pair per block.
+        residual_std = 0.02 / math.sqrt(2 * config.n_layer)
+        for block in self.blocks:
+            nn.init.normal_(block.attn.proj.weight, mean=0.0, std=residual_std)
+            nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=residual_std)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+        if isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def forward(
+        self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """idx, targets: (B, T) token ids. Returns logits (B, T, V) and the mean loss if targets."""
+        T = idx.size(1)
+        if T > self.config.block_size:
+            raise ValueError(f"sequence of {T} tokens is longer than block_size {self.config.block_size}")
+        positions = torch.arange(T, device=idx.device)
+        x = self.drop(self.tok_emb(idx) + self.pos_emb(positions))  # (B, T, C)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x))  # (B, T, V)
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        return logits, loss
+
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token: 6 per matmul weight, plus causal attention.
+
+        Attention scores and weighted values cost 2 * 2 * T * C multiply-adds per token and layer
+        forward, times 3 with the backward pass; causal attention computes half of them.
+        """
+        matmul_params = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        cfg = self.config
+        return 6 * matmul_params + 6 * cfg.n_layer * cfg.block_size * cfg.n_embd
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Decay Linear weights only: biases, LayerNorms and both embeddings are left alone."""
+    decay, no_decay = [], []
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            is_linear_weight = isinstance(module, nn.Linear) and name == "weight"
+            (decay if is_linear_weight else no_decay).append(param)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def create_optimizer(model: nn.Module, config: OptimizerConfig) -> torch.optim.AdamW:
+    """AdamW with GPT-2's betas; the fused kernel where every parameter lives on CUDA or CPU."""
+    device_types = {p.device.type for p in model.parameters()}
+    fused = device_types <= {"cuda"} or device_types <= {"cpu"}
+    return torch.optim.AdamW(
+        parameter_groups(model, config.weight_decay),
+        lr=config.learning_rate,
+        betas=(0.9, 0.95),
+        fused=fused,
+    )
+

@@ -1,0 +1,47 @@
+"""Parameter counts and state sizes of GPT settings, without allocating any weights.
+
+    python model_size.py [--vocab-size 65] [--block-size 128]
+
+A snapshot holds the fp32 model state plus AdamW's two moments per parameter: about 3x the model.
+"""
+import argparse
+
+import torch
+
+from model import GPT, PRESETS, GPTConfig
+
+DEFAULT = "default (gpt2_train_cfg.yaml)"
+SETTINGS: dict[str, tuple[int, int, int]] = {DEFAULT: (8, 8, 512), **PRESETS}
+
+
+def measure(n_layer: int, n_head: int, n_embd: int, vocab_size: int, block_size: int) -> tuple[int, int]:
+    """(parameter count, model state-dict bytes) of one setting, built on the meta device."""
+    config = GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                       vocab_size=vocab_size, block_size=block_size)
+    with torch.device("meta"):
+        model = GPT(config)
+    params = sum(p.numel() for p in model.parameters())
+    state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    return params, state_bytes
+
+
+def table(vocab_size: int, block_size: int) -> str:
+    header = f"{'setting':<28} {'layers':>6} {'heads':>5} {'embd':>5} {'params':>13} {'model MB':>9} {'snapshot MB':>11}"
+    rows = [header, "-" * len(header)]
+    for name, (n_layer, n_head, n_embd) in SETTINGS.items():
+        params, state_bytes = measure(n_layer, n_head, n_embd, vocab_size, block_size)
+        rows.append(f"{name:<28} {n_layer:>6} {n_head:>5} {n_embd:>5} {params:>13,} "
+                    f"{state_bytes / 1e6:>9.1f} {3 * state_bytes / 1e6:>11.1f}")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vocab-size", type=int, default=65, help="tiny-shakespeare has 65 characters")
+    parser.add_argument("--block-size", type=int, default=128)
+    args = parser.parse_args()
+    print(table(args.vocab_size, args.block_size))
+
+
+if __name__ == "__main__":
+    main()

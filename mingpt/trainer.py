@@ -1,0 +1,188 @@
+"""The training loop: epochs of training, a snapshot every `save_every` epochs, an eval pass.
+
+The model arrives unwrapped; the Trainer puts it on this rank's device, wraps it for the configured
+distributed method, and only then builds the optimizer (built earlier, FSDP would never update the
+sharded parameters).
+"""
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from errors import SnapshotError, check, check_positive
+from logger import log
+from model import OptimizerConfig, create_optimizer
+from parallel import METHODS, gather_full_state, parallelize, restore_full_state, unwrap
+from precision import AMP_DTYPES, resolve_precision
+from process_group import DistEnv, all_reduce_sum
+from snapshot import Snapshot, load_snapshot, save_snapshot
+
+__all__ = ["Trainer", "TrainerConfig", "Snapshot"]
+
+
+@dataclass
+class TrainerConfig:
+    max_epochs: int = 10
+    batch_size: int = 216
+    """Samples per step on each process (the global batch is batch_size x world size)."""
+    data_loader_workers: int = 4
+    """DataLoader worker processes per rank; 0 loads in the training process."""
+    grad_norm_clip: float = 1.0
+    snapshot_path: str = "gpt_snapshot.pt"
+    """Local path or fsspec URL; resumed from when it exists."""
+    save_every: int = 3
+    """Write a snapshot after every this many epochs."""
+    use_amp: bool = True
+    """Mixed precision: see amp_dtype, and precision.py for what each device does."""
+    amp_dtype: str = "float16"
+    """On CUDA: float16 (with a GradScaler, the original's) or bfloat16. CPUs use bfloat16."""
+    distributed_method: str = "ddp"
+    """ddp or fsdp."""
+    cpu_offload: bool = False
+    """FSDP only: keep parameters (and optimizer state) in CPU memory."""
+    seed: int = 1337
+    """Seeds model init, the train/test split and shuffling; dropout uses seed + rank."""
+    log_every: int = 100
+    """Log the loss every this many iterations."""
+
+    def __post_init__(self) -> None:
+        check_positive(self, "trainer_config", "max_epochs", "batch_size", "save_every",
+                       "grad_norm_clip", "log_every")
+        check(self.data_loader_workers >= 0, "trainer_config.data_loader_workers",
+              f"must not be negative, got {self.data_loader_workers}")
+        check(bool(self.snapshot_path), "trainer_config.snapshot_path", "must not be empty")
+        check(self.distributed_method in METHODS, "trainer_config.distributed_method",
+              f"must be one of {', '.join(METHODS)}, got {self.distributed_method!r}")
+        check(self.amp_dtype in AMP_DTYPES, "trainer_config.amp_dtype",
+              f"must be one of {', '.join(AMP_DTYPES)}, got {self.amp_dtype!r}")
+
+
+class Trainer:
+    def __init__(
+        self,
+        config: TrainerConfig,
+        model: nn.Module,
+        optimizer_config: OptimizerConfig,
+        train_dataset: Dataset,
+        test_dataset: Optional[Dataset],
+        vocab: list[str],
+        env: DistEnv,
+    ):
+        self.config = config
+        self.env = env
+        self.vocab = vocab
+        self.precision = resolve_precision(config.use_amp, config.amp_dtype, env.device)
+        self.model = parallelize(model, config.distributed_method, env)
+        self.optimizer = create_optimizer(self.model, optimizer_config)
+        self.scaler = torch.amp.GradScaler(env.device.type, enabled=self.precision.needs_grad_scaler)
+        self.train_loader = self._dataloader(train_dataset, shuffle=True)
+        self.test_loader = self._dataloader(test_dataset, shuffle=False) if test_dataset else None
+        self.epochs_run = self._load_snapshot()
+        # Same init on every rank (seeded by the caller), different dropout masks per rank.
+        torch.manual_seed(config.seed + env.rank)
+
+    def train(self) -> None:
+        for epoch in range(self.epochs_run + 1, self.config.max_epochs + 1):
+            self._train_epoch(epoch)
+            if epoch % self.config.save_every == 0:
+                self._save_snapshot(epoch)
+            if self.test_loader is not None:
+                self.evaluate(epoch)
+
+    def _dataloader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
+        workers = self.config.data_loader_workers
+        sampler = DistributedSampler(dataset, num_replicas=self.env.world_size, rank=self.env.rank,
+                                     shuffle=shuffle, seed=self.config.seed)
+        return DataLoader(
+            dataset,
+            batch_size=self.config.batch_size,
+            sampler=sampler,
+            num_workers=workers,
+            persistent_workers=workers > 0,  # forking new workers every epoch costs seconds
+            pin_memory=self.env.device.type == "cuda",
+        )
+
+    def _to_device(self, batch: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [t.to(self.env.device, non_blocking=True) for t in batch]
+
+    def _log_loss(self, kind: str, epoch: int, iteration: int, loss: torch.Tensor) -> None:
+        if iteration % self.config.log_every == 0:
+            # .item() waits for the device: do it only when printing.
+            log.info(f"[GPU{self.env.rank}] Epoch {epoch} | Iter {iteration} | {kind} Loss {loss.item():.5f}")
+
+    def _train_epoch(self, epoch: int) -> None:
+        self.model.train()
+        self.train_loader.sampler.set_epoch(epoch)
+        for iteration, batch in enumerate(self.train_loader):
+            loss = self.train_step(*self._to_device(batch))
+            self._log_loss("Train", epoch, iteration, loss)
+
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """One optimizer step. The scaler is a no-op unless fp16 needs it."""
+        with self.precision.autocast():
+            _, loss = self.model(inputs, targets)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.optimizer)  # clip true gradients, not scaled ones
+        nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_norm_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return loss.detach()
+
+    @torch.no_grad()
+    def evaluate(self, epoch: int) -> float:
+        """Mean test loss over all ranks' samples, with dropout off. Logged once, by rank 0.
+
+        DistributedSampler pads the last round with repeated samples so that every rank gets the
+        same count: up to world_size - 1 samples are counted twice.
+        """
+        self.model.eval()
+        totals = torch.zeros(2, device=self.env.device)  # sum of sample losses, sample count
+        for iteration, batch in enumerate(self.test_loader):
+            inputs, targets = self._to_device(batch)
+            with self.precision.autocast():
+                _, loss = self.model(inputs, targets)
+            totals[0] += loss.float() * len(inputs)
+            totals[1] += len(inputs)
+            self._log_loss("Eval", epoch, iteration, loss)
+        loss_sum, count = all_reduce_sum(totals).tolist()
+        mean_loss = loss_sum / count
+        log.info(f"[GPU{self.env.rank}] Epoch {epoch} | Eval Loss {mean_loss:.5f} "
+                 f"(mean over {int(count)} samples on {self.env.world_size} ranks)")
+        self.model.train()
+        return mean_loss
+
+    def _save_snapshot(self, epoch: int) -> None:
+        model_state, optimizer_state = gather_full_state(self.model, self.optimizer)
+        if self.env.is_main:
+            snapshot = Snapshot(
+                model_state=model_state,
+                optimizer_state=optimizer_state,
+                finished_epoch=epoch,
+                scaler_state=self.scaler.state_dict(),
+                vocab=self.vocab,
+                model_config=asdict(unwrap(self.model).config),
+            )
+            save_snapshot(snapshot, self.config.snapshot_path)
+            log.info(f"Snapshot saved at epoch {epoch}")
+
+    def _load_snapshot(self) -> int:
+        """Restore the snapshot if there is one; return the epoch it finished (0 if none)."""
+        path = self.config.snapshot_path
+        snapshot = load_snapshot(path)
+        if snapshot is None:
+            log.info("Snapshot not found. Training model from scratch")
+            return 0
+        snapshot.check_matches(asdict(unwrap(self.model).config), self.vocab, path)
+        try:
+            restore_full_state(self.model, self.optimizer, snapshot.model_state, snapshot.optimizer_state)
+            if snapshot.scaler_state and self.scaler.is_enabled():
+                self.scaler.load_state_dict(snapshot.scaler_state)
+        except (RuntimeError, KeyError, ValueError) as e:
+            raise SnapshotError(f"snapshot {path} does not fit this model and optimizer "
+                                f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
+                                "set trainer_config.snapshot_path to a new file") from None
+        log.info(f"Resuming training from snapshot at Epoch {snapshot.finished_epoch}")
+        return snapshot.finished_epoch
