@@ -1,0 +1,347 @@
+"""Training-step throughput and MFU of minGPT, built through the project's own code.
+
+For each model the benchmark builds the GPT, the Trainer (in a world-of-one process group) and the
+Trainer's real DataLoader over real text, then times warmup + measured calls of
+`trainer.train_step(x, y)`. It reports tokens/s, ms/step, the share of each step spent waiting for
+data, achieved TFLOP/s from `model.flops_per_token()`, and MFU against a peak measured on this
+machine at the same thread count (CPU) or the GPU's dense bf16 datasheet peak (CUDA).
+
+Examples (from the repository root):
+
+    .venv/bin/python bench/bench_train.py                          # default model and gpt-mini, fp32
+    .venv/bin/python bench/bench_train.py --models default --profile
+    .venv/bin/python bench/bench_train.py --amp --steps 50         # bf16 autocast, MFU vs both peaks
+    .venv/bin/python bench/bench_train.py --threads 1 --batch-size 16 --json /tmp/train.json
+
+This is a benchmark, not a test: it asserts nothing beyond a finite loss.
+"""
+import argparse
+import json
+import logging
+import math
+import platform
+import statistics
+import string
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT / "mingpt"))  # the project uses flat imports (`from model import GPT`)
+
+from char_dataset import CharDataset, DataConfig, read_text, split_dataset  # noqa: E402
+from logger import configure_logging, log  # noqa: E402
+from model import GPT, PRESETS, GPTConfig, OptimizerConfig  # noqa: E402
+from process_group import DistEnv, distributed_session  # noqa: E402
+from trainer import Trainer, TrainerConfig  # noqa: E402
+
+DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+DEFAULT_JSON = REPO_ROOT / "bench" / "results" / "train.json"
+SEED = 1337
+
+# Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, matched in order against
+# torch.cuda.get_device_name(); H100 SXM reports itself as "H100 80GB HBM3". Anything else is measured.
+GPU_BF16_PEAK_TFLOPS = (
+    ("H100 PCIe", 756.0),
+    ("H100 SXM", 989.0),
+    ("H100 80GB HBM3", 989.0),
+    ("H200", 989.0),
+    ("A100", 312.0),
+)
+CPU_PEAK_SIZES = (1024, 2048, 3072)  # square matmuls; the best of them is the peak
+GPU_PEAK_SIZE = 8192
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="Time minGPT training steps (Trainer.train_step over the real DataLoader) and "
+                    "report tokens/s, ms/step, data wait, TFLOP/s and MFU.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--models", nargs="+", default=["default", "gpt-mini"],
+                   choices=["default", *PRESETS],
+                   help="'default' is GPTConfig() (8 layers, 8 heads, 512 wide); others are model.PRESETS")
+    p.add_argument("--batch-size", type=int, default=8, help="samples per step")
+    p.add_argument("--block-size", type=int, default=128, help="tokens per sample")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (allocator, worker start-up)")
+    p.add_argument("--steps", type=int, default=20, help="timed steps")
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for compute and the peak")
+    p.add_argument("--workers", type=int, default=1, help="TrainerConfig.data_loader_workers")
+    p.add_argument("--amp", action="store_true", help="TrainerConfig.use_amp (bf16 autocast on CPU)")
+    p.add_argument("--amp-dtype", default="bfloat16", choices=["bfloat16", "float16"],
+                   help="TrainerConfig.amp_dtype with --amp on CUDA (CPUs always use bf16)")
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA,
+                   help="UTF-8 text file; synthetic text is generated (and flagged) when it is missing")
+    p.add_argument("--profile", action="store_true",
+                   help="also run torch.profiler over a few steps of each model and print the top ops")
+    p.add_argument("--profile-steps", type=int, default=3, help="steps recorded by --profile")
+    p.add_argument("--profile-top", type=int, default=15, help="ops listed by --profile")
+    p.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write the figures")
+    args = p.parse_args(argv)
+    for name in ("batch_size", "block_size", "steps", "threads", "profile_steps", "profile_top"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be positive")
+    if args.warmup < 0 or args.workers < 0:
+        p.error("--warmup and --workers must not be negative")
+    return args
+
+
+# ---------------------------------------------------------------------------------------------- timing
+
+def sync(device: torch.device) -> None:
+    """CUDA runs asynchronously: wait for queued kernels before reading the clock. CPU ops are synchronous."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def best_matmul_seconds(n: int, dtype: torch.dtype, device: torch.device, repeats: int) -> float:
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    for _ in range(2):  # first calls pay for MKL/cuBLAS setup and page faults
+        torch.mm(a, b)
+    sync(device)
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        sync(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measured_peak(dtype: torch.dtype, device: torch.device, sizes: tuple[int, ...]) -> dict:
+    """Best-of-repeats GFLOP/s of square matmuls of each size; the best size is the peak."""
+    by_size = {}
+    for n in sizes:
+        seconds = best_matmul_seconds(n, dtype, device, repeats=5 if device.type == "cpu" else 20)
+        by_size[n] = 2 * n**3 / seconds / 1e9
+    return {"dtype": str(dtype).removeprefix("torch."), "gflops_by_size": by_size,
+            "gflops": max(by_size.values()), "source": "measured"}
+
+
+def gpu_table_peak(device: torch.device) -> dict | None:
+    name = torch.cuda.get_device_name(device)
+    for key, tflops in GPU_BF16_PEAK_TFLOPS:
+        if key in name:
+            return {"dtype": "bfloat16", "gflops": tflops * 1e3, "source": f"datasheet ({key}, dense)"}
+    return None
+
+
+def peaks(device: torch.device, amp: bool) -> dict[str, dict]:
+    """The peaks MFU is quoted against: name -> {"gflops": ..., ...}. The first one is the headline."""
+    if device.type == "cuda":
+        return {"bf16": gpu_table_peak(device) or measured_peak(torch.bfloat16, device, (GPU_PEAK_SIZE,))}
+    # fp32 is what the default run computes in; bf16 is only a fair yardstick when autocast is on.
+    result = {"fp32": measured_peak(torch.float32, device, CPU_PEAK_SIZES)}
+    if amp:
+        result["bf16"] = measured_peak(torch.bfloat16, device, CPU_PEAK_SIZES)
+    return result
+
+
+# ------------------------------------------------------------------------------------------------ data
+
+def synthetic_text(n_chars: int = 1_000_000) -> str:
+    """Seeded pseudo-words over a Shakespeare-sized alphabet (about 65 symbols), so the vocab,
+    and with it the output layer's cost, is about what the real corpus gives."""
+    alphabet = string.ascii_letters + " .,;:!?'-&$3\n"
+    g = torch.Generator().manual_seed(SEED)
+    ids = torch.randint(len(alphabet), (n_chars,), generator=g).tolist()
+    return "".join(alphabet[i] for i in ids)
+
+
+def load_data(path: Path, block_size: int) -> tuple[CharDataset, DataConfig, str]:
+    """The project's dataset over the text at path, or over synthetic text when there is none."""
+    config = DataConfig(path=str(path), block_size=block_size)
+    if path.is_file():
+        return CharDataset(read_text(config), block_size), config, str(path)
+    print(f"WARNING: {path} not found; using SYNTHETIC random text. Throughput is comparable, "
+          "losses are not.", file=sys.stderr)
+    return CharDataset(synthetic_text(), block_size), config, "synthetic"
+
+
+# ----------------------------------------------------------------------------------------------- model
+
+def gpt_config(name: str) -> GPTConfig:
+    if name == "default":
+        return GPTConfig()
+    return GPTConfig(model_type=name, n_layer=None, n_head=None, n_embd=None)
+
+
+def build_trainer(name: str, args, dataset: CharDataset, data_config: DataConfig, env: DistEnv,
+                  snapshot_dir: str) -> tuple[GPT, Trainer]:
+    train_set, test_set = split_dataset(dataset, data_config, SEED)
+    config = replace(gpt_config(name), vocab_size=dataset.vocab_size, block_size=dataset.block_size)
+    torch.manual_seed(SEED)
+    model = GPT(config)
+    trainer_config = TrainerConfig(
+        batch_size=args.batch_size,
+        data_loader_workers=args.workers,
+        use_amp=args.amp,
+        amp_dtype=args.amp_dtype,
+        # A path that never exists: the Trainer must not resume from someone's gpt_snapshot.pt.
+        snapshot_path=str(Path(snapshot_dir) / f"{name}.pt"),
+    )
+    trainer = Trainer(trainer_config, model, OptimizerConfig(), train_set, test_set, dataset.vocab, env)
+    return model, trainer
+
+
+# ------------------------------------------------------------------------------------------- the steps
+
+def batches(trainer: Trainer):
+    """Endless batches from the Trainer's own DataLoader (a new epoch when one runs out)."""
+    epoch = 0
+    while True:
+        trainer.train_loader.sampler.set_epoch(epoch)
+        yield from trainer.train_loader
+        epoch += 1
+
+
+def timed_step(trainer: Trainer, data, device: torch.device) -> tuple[float, float, float]:
+    """One train_step; returns (data wait s, whole step s, loss)."""
+    start = time.perf_counter()
+    inputs, targets = (t.to(device, non_blocking=True) for t in next(data))
+    sync(device)  # the host-to-device copy counts as waiting for data
+    loaded = time.perf_counter()
+    loss = trainer.train_step(inputs, targets).item()  # .item() only returns once the step has finished
+    sync(device)
+    return loaded - start, time.perf_counter() - start, loss
+
+
+def run_steps(trainer: Trainer, data, device: torch.device, n: int) -> list[tuple[float, float, float]]:
+    return [timed_step(trainer, data, device) for _ in range(n)]
+
+
+def summarise(name: str, model: GPT, trainer: Trainer, samples, args, peak: dict[str, dict]) -> dict:
+    data_s = [s[0] for s in samples]
+    step_s = [s[1] for s in samples]
+    losses = [s[2] for s in samples]
+    if not all(math.isfinite(x) for x in losses):
+        raise RuntimeError(f"{name}: non-finite loss {losses}")
+    tokens_per_step = args.batch_size * args.block_size
+    flops_per_token = model.flops_per_token()
+    mean_step = sum(step_s) / len(step_s)
+    achieved_gflops = flops_per_token * tokens_per_step / mean_step / 1e9
+    cfg = model.config
+    return {
+        "model": name,
+        "n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_embd": cfg.n_embd,
+        "vocab_size": cfg.vocab_size, "block_size": cfg.block_size,
+        "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+        "precision": str(trainer.precision),
+        "flops_per_token": flops_per_token,
+        "tokens_per_step": tokens_per_step,
+        "ms_per_step_mean": mean_step * 1e3,
+        "ms_per_step_median": statistics.median(step_s) * 1e3,
+        "ms_per_step_min": min(step_s) * 1e3,
+        "ms_per_step_max": max(step_s) * 1e3,
+        "tokens_per_s": tokens_per_step / mean_step,
+        "data_wait_ms_mean": sum(data_s) / len(data_s) * 1e3,
+        "data_wait_pct": 100 * sum(data_s) / sum(step_s),
+        "achieved_tflops": achieved_gflops / 1e3,
+        "mfu": {key: achieved_gflops / p["gflops"] for key, p in peak.items()},
+        "loss_first": losses[0], "loss_last": losses[-1],
+    }
+
+
+# --------------------------------------------------------------------------------------------- profile
+
+def profile_steps(trainer: Trainer, data, device: torch.device, args) -> list[dict]:
+    """Record a few steps and print the ops that take the most self time: what MFU is lost to."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        run_steps(trainer, data, device, args.profile_steps)
+    averages = prof.key_averages()
+    sort_keys = ["self_cpu_time_total"] + (["self_cuda_time_total"] if device.type == "cuda" else [])
+    for key in sort_keys:
+        print(f"\nTop {args.profile_top} ops by {key} over {args.profile_steps} steps:")
+        print(averages.table(sort_by=key, row_limit=args.profile_top, max_name_column_width=48))
+    total_self = sum(e.self_cpu_time_total for e in averages) or 1
+    top = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[: args.profile_top]
+    return [{"op": e.key, "calls": e.count,
+             "self_cpu_ms_per_step": e.self_cpu_time_total / 1e3 / args.profile_steps,
+             "self_cpu_pct": 100 * e.self_cpu_time_total / total_self,
+             "self_device_ms_per_step": e.self_device_time_total / 1e3 / args.profile_steps}
+            for e in top]
+
+
+# --------------------------------------------------------------------------------------------- reports
+
+def print_peaks(peak: dict[str, dict], threads: int, device: torch.device) -> None:
+    for key, p in peak.items():
+        sizes = ", ".join(f"{n}: {g:.1f}" for n, g in p.get("gflops_by_size", {}).items())
+        where = f"{threads} threads" if device.type == "cpu" else torch.cuda.get_device_name(device)
+        print(f"peak {key} matmul ({where}, {p['source']}): {p['gflops']:.1f} GFLOP/s"
+              + (f"  [GFLOP/s by size {sizes}]" if sizes else ""))
+
+
+def print_result(r: dict) -> None:
+    mfu = "  ".join(f"MFU({k}) {v * 100:.1f}%" for k, v in r["mfu"].items())
+    print(f"{r['model']:>10} ({r['n_layer']}L/{r['n_head']}H/{r['n_embd']}C, {r['params_m']:.2f}M, "
+          f"{r['precision']}): {r['tokens_per_s']:,.0f} tok/s  {r['ms_per_step_mean']:.1f} ms/step "
+          f"(median {r['ms_per_step_median']:.1f}, min {r['ms_per_step_min']:.1f})  "
+          f"data wait {r['data_wait_pct']:.2f}%  {r['achieved_tflops'] * 1e3:.1f} GFLOP/s  {mfu}  "
+          f"loss {r['loss_first']:.3f}->{r['loss_last']:.3f}")
+
+
+def environment(args, env: DistEnv, data_source: str) -> dict:
+    device = env.device
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+        or platform.machine(),
+        "device_type": device.type,
+        "threads": torch.get_num_threads(),
+        "batch_size": args.batch_size, "block_size": args.block_size,
+        "warmup": args.warmup, "steps": args.steps, "workers": args.workers,
+        "amp": args.amp, "amp_dtype": args.amp_dtype if args.amp else None,
+        "data": data_source, "synthetic_data": data_source == "synthetic",
+    }
+
+
+def write_json(path: Path, report: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {path}")
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+def bench_model(name: str, args, dataset, data_config, env, peak, snapshot_dir) -> dict:
+    model, trainer = build_trainer(name, args, dataset, data_config, env, snapshot_dir)
+    model.train()
+    data = batches(trainer)
+    run_steps(trainer, data, env.device, args.warmup)
+    result = summarise(name, model, trainer, run_steps(trainer, data, env.device, args.steps), args, peak)
+    print_result(result)
+    if args.profile:
+        result["profile_top_ops"] = profile_steps(trainer, data, env.device, args)
+    return result
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)  # before any work, so the peak and the steps use the same count
+    with distributed_session() as env, tempfile.TemporaryDirectory() as snapshot_dir:
+        configure_logging(env.rank)
+        log.setLevel(logging.WARNING)  # keep the Trainer's warnings (e.g. AMP ignored), not its chatter
+        dataset, data_config, source = load_data(args.data, args.block_size)
+        print(f"data: {source} ({len(dataset.data):,} chars, vocab {dataset.vocab_size}); device "
+              f"{env.device}, {torch.get_num_threads()} threads, batch {args.batch_size} x "
+              f"{args.block_size} tokens, {args.warmup} warmup + {args.steps} timed steps")
+        peak = peaks(env.device, args.amp)
+        print_peaks(peak, args.threads, env.device)
+        results = [bench_model(name, args, dataset, data_config, env, peak, snapshot_dir)
+                   for name in args.models]
+        write_json(args.json, {"environment": environment(args, env, source), "peak": peak,
+                               "results": results})
+
+
+if __name__ == "__main__":
+    main()

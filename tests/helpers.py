@@ -1,0 +1,84 @@
+"""Helpers for the tests: a small generated text, tiny-model overrides, runners for real processes."""
+import hashlib
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+REPO = Path(__file__).resolve().parent.parent
+MINGPT = REPO / "mingpt"
+MAIN = MINGPT / "main.py"
+SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]  # the `torchrun` console script's module
+
+LOSS_LINE = re.compile(r"\[GPU(\d+)\] Epoch (\d+) \| Iter (\d+) \| (Train|Eval) Loss ([\d.]+)")
+
+WORDS = "the king queen shall speak of love and war to thee my lord good night sweet prince".split()
+
+
+def make_text(n_chars: int, seed: int = 0) -> str:
+    """Word salad with line breaks: structured enough for a tiny model to learn quickly."""
+    rng = random.Random(seed)
+    lines = []
+    while sum(len(line) + 1 for line in lines) < n_chars:
+        lines.append(" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))).capitalize() + ".")
+    return "\n".join(lines)[:n_chars]
+
+
+
+def tiny_overrides(text_file: Path, snapshot: Path, **extra) -> list[str]:
+    """Hydra overrides for a run of a few seconds: tiny model, small batches, fp32."""
+    settings = {
+        "data_config.path": text_file,
+        "data_config.truncate": 1.0,
+        "data_config.block_size": 16,
+        "gpt_config.n_layer": 2,
+        "gpt_config.n_head": 2,
+        "gpt_config.n_embd": 32,
+        "trainer_config.max_epochs": 1,
+        "trainer_config.batch_size": 32,
+        "trainer_config.data_loader_workers": 0,
+        "trainer_config.save_every": 1,
+        "trainer_config.use_amp": False,
+        "trainer_config.log_every": 20,
+        "trainer_config.snapshot_path": snapshot,
+        "optimizer_config.learning_rate": 3e-3,
+    }
+    settings.update({k.replace("__", "."): v for k, v in extra.items()})
+    return [f"{key}={value}" for key, value in settings.items()]
+
+
+def _env(extra: Optional[dict] = None) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.pop("RANK", None)
+    env.update(extra or {})
+    return env
+
+
+def run(cmd: list, cwd: Path = REPO, env: Optional[dict] = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([str(c) for c in cmd], cwd=cwd, env=_env(env), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def run_main(args: list, cwd: Path = REPO, nproc: Optional[int] = None, env: Optional[dict] = None,
+             script: Path = MAIN) -> subprocess.CompletedProcess:
+    """main.py in one process, or under torchrun with nproc workers (gloo)."""
+    launcher = [sys.executable] if nproc is None else [*TORCHRUN, "--standalone", f"--nproc_per_node={nproc}"]
+    return run([*launcher, script, *args], cwd=cwd, env=env)
+
+
+def losses(output: str, kind: str = "Train") -> list[tuple[int, int, int, float]]:
+    """(rank, epoch, iteration, loss) of each of the original's loss lines of one kind."""
+    return [(int(r), int(e), int(i), float(loss))
+            for r, e, i, k, loss in LOSS_LINE.findall(output) if k == kind]
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def assert_ok(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"

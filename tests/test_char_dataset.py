@@ -1,0 +1,144 @@
+import http.server
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from char_dataset import CharDataset, DataConfig, fetch_corpus, read_text, split_dataset
+from errors import ConfigError, DataError
+from helpers import make_text
+
+
+def dataset_of(text: str, block_size: int = 8) -> CharDataset:
+    return CharDataset(text, block_size)
+
+
+def test_vocabulary_is_the_sorted_characters():
+    ds = dataset_of("hello world")
+    assert ds.vocab == sorted(set("hello world"))
+    assert ds.decode(ds.data) == "hello world"
+    assert torch.equal(ds.encode("lol"), torch.tensor([ds.stoi["l"], ds.stoi["o"], ds.stoi["l"]]))
+
+
+def test_unicode_text_round_trips():
+    text = "naïve café — ünïcödé ✓ 𝄞 " * 3
+    ds = dataset_of(text)
+    assert ds.decode(ds.data) == text and ds.vocab == sorted(set(text))
+
+
+def test_every_position_is_a_sample_of_shifted_slices():
+    text = make_text(500)
+    ds = dataset_of(text, block_size=8)
+    assert len(ds) == len(text) - 8
+    x, y = ds[len(ds) - 1]
+    assert ds.decode(x) == text[-9:-1] and ds.decode(y) == text[-8:]
+    x, y = ds[3]
+    assert ds.decode(x) == text[3:11] and ds.decode(y) == text[4:12]
+
+
+def test_samples_are_views_of_the_encoded_text():
+    """Encoded once: a sample is a slice of one tensor, not characters looked up per access."""
+    ds = dataset_of(make_text(500))
+    x, y = ds[10]
+    storage = ds.data.untyped_storage().data_ptr()
+    assert x.untyped_storage().data_ptr() == storage == y.untyped_storage().data_ptr()
+
+
+def config(**overrides) -> DataConfig:
+    return DataConfig(**{"path": "unused", "block_size": 8, **overrides})
+
+
+def test_random_split_is_seeded_and_keeps_the_original_counts():
+    ds = dataset_of(make_text(2000))
+    train, test = split_dataset(ds, config(train_split=0.9), seed=3)
+    again, _ = split_dataset(ds, config(train_split=0.9), seed=3)
+    other, _ = split_dataset(ds, config(train_split=0.9), seed=4)
+    assert len(train) == int(len(ds) * 0.9) and len(test) == len(ds) - len(train)
+    assert list(train.indices) == list(again.indices)
+    assert list(train.indices) != list(other.indices)
+    assert not set(train.indices) & set(test.indices)
+
+
+def test_contiguous_split_shares_no_character():
+    text = make_text(2000)
+    ds = dataset_of(text, block_size=8)
+    train, test = split_dataset(ds, config(split="contiguous", train_split=0.75), seed=0)
+    cut = int(len(text) * 0.75)
+    last_train_char = max(train.indices) + 8  # the last target of the last train window
+    first_test_char = min(test.indices)
+    assert last_train_char < cut <= first_test_char
+    assert max(test.indices) == len(ds) - 1
+
+
+def test_split_that_leaves_a_side_empty_is_refused():
+    ds = dataset_of("abcdefghijk", block_size=8)  # 3 samples
+    with pytest.raises(DataError, match="train_split"):
+        split_dataset(ds, config(train_split=0.1), seed=0)
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (dict(train_split=1.0), "data_config.train_split"),
+    (dict(train_split=0.0), "data_config.train_split"),
+    (dict(block_size=0), "data_config.block_size"),
+    (dict(truncate=0.0), "data_config.truncate"),
+    (dict(split="shuffled"), "data_config.split"),
+])
+def test_bad_data_configs_name_the_key(overrides, key):
+    with pytest.raises(ConfigError) as error:
+        config(**overrides)
+    assert error.value.key == key
+
+
+def test_read_text_truncates(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_text("x" * 1000)
+    assert len(read_text(config(path=str(path), truncate=0.25))) == 250
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"\xff\xfe not utf-8", "not UTF-8"),
+    (b"short", "not smaller than the text"),
+])
+def test_unusable_text_is_refused(tmp_path, content, message):
+    path = tmp_path / "t.txt"
+    path.write_bytes(content)
+    with pytest.raises(DataError, match=message):
+        read_text(config(path=str(path)))
+
+
+def test_missing_file_is_refused(tmp_path):
+    with pytest.raises(DataError, match="no such file"):
+        read_text(config(path=str(tmp_path / "absent.txt")))
+
+
+class _OneFile(http.server.BaseHTTPRequestHandler):
+    body = b"served text\n" * 100
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_fetch_corpus_downloads_whole_file(tmp_path):
+    server = http.server.HTTPServer(("127.0.0.1", 0), _OneFile)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        dest = tmp_path / "data" / "input.txt"
+        fetch_corpus(f"http://127.0.0.1:{server.server_port}/input.txt", dest)
+        assert dest.read_bytes() == _OneFile.body
+        assert list(dest.parent.iterdir()) == [dest]  # no partial file left beside it
+    finally:
+        server.shutdown()
+
+
+def test_fetch_corpus_offline_says_what_to_do(tmp_path):
+    dest = tmp_path / "input.txt"
+    with pytest.raises(DataError, match="put a UTF-8 text file at .* or set data_config.path"):
+        fetch_corpus("http://127.0.0.1:9/input.txt", dest, timeout_s=5)
+    assert not dest.exists() and list(tmp_path.iterdir()) == []

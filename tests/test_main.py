@@ -1,0 +1,182 @@
+"""main.py end to end in one process (no torchrun): training, resuming, and refusing bad input."""
+import os
+import pickle
+import shutil
+
+import pytest
+import torch
+
+from helpers import MINGPT, REPO, assert_ok, losses, run_main, sha256, tiny_overrides
+
+
+def test_trains_snapshots_and_resumes_after_the_finished_epoch(text_file, tmp_path):
+    snapshot = tmp_path / "snap.pt"
+    first = run_main(tiny_overrides(text_file, snapshot, trainer_config__log_every=10))
+    assert_ok(first)
+    train = losses(first.stdout)
+    assert train[0][1] == 1 and {epoch for _, epoch, _, _ in train} == {1}
+    assert train[-1][3] < train[0][3] - 0.5, "the loss did not fall"
+    assert "Snapshot not found. Training model from scratch" in first.stdout
+    assert "Snapshot saved at epoch 1" in first.stdout
+    assert torch.load(snapshot, weights_only=True)["finished_epoch"] == 1
+
+    second = run_main(tiny_overrides(text_file, snapshot, trainer_config__max_epochs=2))
+    assert_ok(second)
+    assert "Resuming training from snapshot at Epoch 1" in second.stdout
+    assert {epoch for _, epoch, _, _ in losses(second.stdout)} == {2}
+    assert losses(second.stdout)[0][3] < train[0][3] - 0.5, "resumed from scratch weights"
+    assert torch.load(snapshot, weights_only=True)["finished_epoch"] == 2
+
+
+def test_runs_from_inside_mingpt(text_file, tmp_path):
+    result = run_main(tiny_overrides(text_file, tmp_path / "snap.pt"), cwd=MINGPT, script="main.py")
+    assert_ok(result)
+    assert "Snapshot saved at epoch 1" in result.stdout
+
+
+def test_eval_loss_is_logged_once_per_epoch(text_file, tmp_path):
+    result = run_main(tiny_overrides(text_file, tmp_path / "snap.pt", trainer_config__max_epochs=2,
+                                     trainer_config__save_every=2))
+    assert_ok(result)
+    assert result.stdout.count("| Eval Loss") - len(losses(result.stdout, "Eval")) == 2
+    assert result.stdout.count("Snapshot saved") == 1  # epoch 2 only
+
+
+def test_cfg_job_prints_the_config_without_training():
+    result = run_main(["--cfg", "job"])
+    assert_ok(result)
+    for line in ("batch_size: 216", "n_layer: 8", "learning_rate: 0.0003", "truncate: 0.05",
+                 "distributed_method: ddp", "path: ${repo_path:data/input.txt}"):
+        assert line in result.stdout
+    assert "Epoch" not in result.stdout
+
+
+def test_multirun_sweeps(text_file, tmp_path):
+    snapshot = tmp_path / "snap_${gpt_config.n_embd}.pt"
+    result = run_main(["-m", *tiny_overrides(text_file, snapshot, gpt_config__n_embd="16,32")])
+    assert_ok(result)
+    assert (tmp_path / "snap_16.pt").exists() and (tmp_path / "snap_32.pt").exists()
+
+
+def one_error_line(result) -> str:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr + result.stdout
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer_config.batch_size=0", "error: trainer_config.batch_size: must be positive"),
+    ("trainer_config.max_epochs=-1", "error: trainer_config.max_epochs: must be positive"),
+    ("trainer_config.distributed_method=horovod", "error: trainer_config.distributed_method"),
+    ("gpt_config.n_embd=33", "error: gpt_config.n_embd: 33 is not divisible by gpt_config.n_head=2"),
+    ("gpt_config.model_type=gpt-nano", "error: gpt_config.model_type: preset 'gpt-nano' given together"),
+    ("gpt_config.vocab_size=65", "error: gpt_config.vocab_size: comes from the data"),
+    ("data_config.train_split=1.5", "error: data_config.train_split: must be between 0 and 1"),
+    ("data_config.block_size=6000", "error: data_config.block_size=6000 is not smaller than the text"),
+    ("data_config.path=/nonexistent/input.txt", "error: data_config.path: no such file"),
+])
+def test_bad_input_is_one_line_naming_the_key(text_file, tmp_path, override, message):
+    result = run_main([*tiny_overrides(text_file, tmp_path / "snap.pt"), override])
+    assert one_error_line(result).startswith(message)
+    assert not (tmp_path / "snap.pt").exists()
+
+
+@pytest.mark.parametrize("override, key", [
+    ("trainer_config.bsz=3", "trainer_config.bsz"),
+    ("trainer_config.batch_size=lots", "trainer_config.batch_size"),
+])
+def test_schema_errors_name_the_key(text_file, tmp_path, override, key):
+    """Hydra itself refuses unknown keys and wrong types, before main runs: no traceback."""
+    result = run_main([*tiny_overrides(text_file, tmp_path / "snap.pt"), override])
+    assert result.returncode != 0
+    assert key in result.stderr.splitlines()[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_preset_alone_is_accepted(text_file, tmp_path):
+    result = run_main([*tiny_overrides(text_file, tmp_path / "snap.pt", trainer_config__max_epochs=1),
+                       "gpt_config.model_type=gpt-nano", "gpt_config.n_layer=null",
+                       "gpt_config.n_head=null", "gpt_config.n_embd=null"])
+    assert_ok(result)
+    assert "0.09M parameters" in result.stdout  # gpt-nano: 3 layers, 3 heads, 48 wide
+
+
+@pytest.fixture
+def trained_snapshot(text_file, tmp_path):
+    snapshot = tmp_path / "snap.pt"
+    assert_ok(run_main(tiny_overrides(text_file, snapshot)))
+    return snapshot
+
+
+def test_snapshot_of_another_model_is_refused_and_untouched(text_file, trained_snapshot):
+    before = sha256(trained_snapshot)
+    result = run_main(tiny_overrides(text_file, trained_snapshot, gpt_config__n_layer=3))
+    assert one_error_line(result).startswith("error: snapshot")
+    assert "another model: n_layer=2 (config: 3)" in result.stderr
+    assert sha256(trained_snapshot) == before
+
+
+def test_snapshot_of_another_vocabulary_is_refused(text_file, tmp_path, trained_snapshot):
+    other_text = tmp_path / "other.txt"
+    other_text.write_text(text_file.read_text().replace("k", "@"))  # as many characters, one differs
+    result = run_main(tiny_overrides(other_text, trained_snapshot))
+    assert "another vocabulary" in one_error_line(result)
+
+
+def test_corrupt_snapshot_is_refused_and_untouched(text_file, trained_snapshot):
+    content = trained_snapshot.read_bytes()[: 2000]
+    trained_snapshot.write_bytes(content)
+    result = run_main(tiny_overrides(text_file, trained_snapshot, trainer_config__max_epochs=2))
+    assert "cannot be loaded" in one_error_line(result)
+    assert trained_snapshot.read_bytes() == content
+
+
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_snapshot_whose_pickle_calls_a_function_runs_nothing(text_file, trained_snapshot, tmp_path):
+    marker = tmp_path / "executed"
+    state = torch.load(trained_snapshot, weights_only=True)
+    state["vocab"] = _RunsCode(marker)
+    torch.save(state, trained_snapshot, pickle_module=pickle)
+    before = sha256(trained_snapshot)
+    result = run_main(tiny_overrides(text_file, trained_snapshot, trainer_config__max_epochs=2))
+    assert "cannot be loaded" in one_error_line(result)
+    assert not marker.exists() and sha256(trained_snapshot) == before
+
+
+def test_unwritable_snapshot_folder_fails_cleanly(text_file, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    result = run_main(tiny_overrides(text_file, blocker / "snap.pt"))
+    assert "could not write snapshot" in one_error_line(result)
+
+
+def copy_of_the_code(tmp_path):
+    """A checkout of mingpt/ elsewhere, so the default data/input.txt is its own, not the repo's."""
+    root = tmp_path / "repo"
+    shutil.copytree(MINGPT, root / "mingpt", ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+def test_default_corpus_missing_and_offline_says_what_to_do(tmp_path):
+    root = copy_of_the_code(tmp_path)
+    result = run_main(["trainer_config.max_epochs=1"], cwd=root,
+                      env={"MINGPT_CORPUS_URL": "http://127.0.0.1:9/input.txt"},
+                      script=root / "mingpt" / "main.py")
+    line = one_error_line(result)
+    assert "could not download the default corpus" in line
+    assert f"put a UTF-8 text file at {root / 'data' / 'input.txt'} or set data_config.path" in line
+    assert not (root / "data" / "input.txt").exists()
+
+
+def test_repo_has_no_corpus_committed():
+    tracked = (REPO / ".gitignore").read_text()
+    assert "data/input.txt" in tracked

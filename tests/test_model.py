@@ -1,0 +1,104 @@
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+from errors import ConfigError
+from model import GPT, PRESETS, GPTConfig, OptimizerConfig, create_optimizer, parameter_groups
+
+
+def tiny_gpt(**overrides) -> GPT:
+    settings = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=11, block_size=16)
+    settings.update(overrides)
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**settings))
+
+
+def test_attention_is_causal():
+    """Changing the token at position t changes no output before t, and does change t's."""
+    model = tiny_gpt().eval()
+    idx = torch.randint(0, 11, (2, 16))
+    for t in (0, 5, 15):
+        changed = idx.clone()
+        changed[:, t] = (changed[:, t] + 1) % 11
+        with torch.no_grad():
+            before, _ = model(idx)
+            after, _ = model(changed)
+        assert torch.equal(before[:, :t], after[:, :t])
+        assert not torch.allclose(before[:, t], after[:, t])
+
+
+def test_forward_shapes_and_loss_of_an_untrained_model():
+    model = tiny_gpt()
+    idx = torch.randint(0, 11, (3, 16))
+    logits, loss = model(idx, idx)
+    assert logits.shape == (3, 16, 11)
+    assert loss.item() == pytest.approx(math.log(11), rel=0.1)  # near-uniform predictions at init
+    assert model(idx)[1] is None
+
+
+def test_longer_than_block_size_is_refused():
+    with pytest.raises(ValueError, match="block_size"):
+        tiny_gpt()(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_init_follows_gpt2():
+    model = tiny_gpt(n_layer=4, n_embd=256, n_head=4)
+    residual_std = 0.02 / math.sqrt(2 * 4)
+    assert model.blocks[0].attn.proj.weight.std().item() == pytest.approx(residual_std, rel=0.05)
+    assert model.blocks[0].mlp.proj.weight.std().item() == pytest.approx(residual_std, rel=0.05)
+    assert model.blocks[0].mlp.fc.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert model.tok_emb.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    assert torch.count_nonzero(model.blocks[0].attn.qkv.bias) == 0
+    assert model.head.bias is None
+
+
+def test_weight_decay_applies_to_linear_weights_only():
+    model = tiny_gpt()
+    decay, no_decay = parameter_groups(model, 0.1)
+    linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    assert {id(p) for p in decay["params"]} == linear_weights
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+    for name in ("tok_emb.weight", "pos_emb.weight", "ln_f.weight", "blocks.0.attn.qkv.bias"):
+        param = model.get_parameter(name)
+        assert any(param is p for p in no_decay["params"]), name
+
+
+def test_optimizer_is_adamw_with_gpt2_betas():
+    optimizer = create_optimizer(tiny_gpt(), OptimizerConfig(learning_rate=1e-3, weight_decay=0.2))
+    assert isinstance(optimizer, torch.optim.AdamW)
+    group = optimizer.param_groups[0]
+    assert group["betas"] == (0.9, 0.95) and group["lr"] == 1e-3 and group["weight_decay"] == 0.2
+    assert group["fused"] is True
+
+
+def test_presets_fill_the_sizes():
+    config = GPTConfig(model_type="gpt-mini", n_layer=None, n_head=None, n_embd=None)
+    assert (config.n_layer, config.n_head, config.n_embd) == PRESETS["gpt-mini"] == (6, 6, 192)
+
+
+@pytest.mark.parametrize("settings, key", [
+    (dict(model_type="gpt-mini"), "gpt_config.model_type"),  # preset with the default sizes
+    (dict(model_type="gpt-99"), "gpt_config.model_type"),
+    (dict(n_embd=100, n_head=8), "gpt_config.n_embd"),
+    (dict(n_layer=0), "gpt_config.n_layer"),
+    (dict(n_layer=None), "gpt_config.n_layer"),
+    (dict(attn_pdrop=1.0), "gpt_config.attn_pdrop"),
+])
+def test_bad_model_configs_name_the_key(settings, key):
+    with pytest.raises(ConfigError) as error:
+        GPTConfig(**settings)
+    assert error.value.key == key
+
+
+def test_bad_optimizer_config_names_the_key():
+    with pytest.raises(ConfigError, match="optimizer_config.learning_rate"):
+        OptimizerConfig(learning_rate=0)
+
+
+def test_flops_per_token_counts_matmul_weights():
+    model = tiny_gpt()
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    assert model.flops_per_token() == 6 * linear + 6 * 2 * 16 * 32
