@@ -9,6 +9,7 @@ their checks reject out-of-range values with one line naming the key.
 """
 import os
 import sys
+import time
 from dataclasses import dataclass, field, replace
 
 import hydra
@@ -38,6 +39,8 @@ class TrainConfig:
             check(getattr(self.gpt_config, derived) is None, f"gpt_config.{derived}",
                   f"comes from {source}; do not set it")
 
+
+REPORTER_GRACE_S = 2.0
 
 ConfigStore.instance().store(name="train_config_schema", node=TrainConfig)
 OmegaConf.register_new_resolver("repo_path", lambda relative: str(REPO_ROOT / relative), replace=True)
@@ -72,11 +75,17 @@ def train(config: TrainConfig) -> None:
 
 
 def report_error(error: MinGPTError) -> None:
-    """One line on stderr, once per machine: the same bad input fails on every rank alike."""
+    """One line on stderr, once per machine: the same bad input fails on every rank alike.
+
+    The other ranks linger a moment before exiting, because torchrun stops the whole group as
+    soon as one worker exits and could otherwise kill the reporter before it speaks.
+    """
     rank = int(os.environ.get("RANK", 0))
     if int(os.environ.get("LOCAL_RANK", 0)) == 0:
         origin = "" if rank == 0 else f"[rank {rank}] "
         print(f"error: {origin}{error}", file=sys.stderr, flush=True)
+    else:
+        time.sleep(REPORTER_GRACE_S)
 
 
 @hydra.main(version_base=None, config_path=".", config_name="gpt2_train_cfg")

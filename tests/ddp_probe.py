@@ -1,0 +1,89 @@
+"""Run by test_distributed.py under torchrun: one DDP step, an eval pass and a snapshot, with
+what each rank saw written to OUT_DIR/rank{N}.json.
+
+    torchrun --standalone --nproc_per_node=2 tests/ddp_probe.py TEXT_FILE OUT_DIR
+"""
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "mingpt"))
+
+import fsspec  # noqa: E402
+import torch  # noqa: E402
+
+from char_dataset import CharDataset, DataConfig, read_text, split_dataset  # noqa: E402
+from logger import configure_logging  # noqa: E402
+from model import GPT, GPTConfig, OptimizerConfig  # noqa: E402
+from parallel import unwrap  # noqa: E402
+from process_group import distributed_session  # noqa: E402
+from trainer import Trainer, TrainerConfig  # noqa: E402
+
+SNAPSHOT = "memory://probe/snap.pt"  # each process has its own in-memory filesystem
+
+
+def digest(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        h.update(bytes(tensor.detach().contiguous().view(torch.uint8).flatten().tolist()))
+    return h.hexdigest()
+
+
+@torch.no_grad()
+def local_test_loss(trainer: Trainer) -> tuple[float, int]:
+    """This rank's summed test loss and sample count, computed apart from Trainer.evaluate."""
+    model = unwrap(trainer.model).eval()
+    total, count = 0.0, 0
+    for inputs, targets in trainer.test_loader:
+        total += model(inputs, targets)[1].item() * len(inputs)
+        count += len(inputs)
+    model.train()
+    return total, count
+
+
+def main(text_path: str, out_dir: str) -> None:
+    with distributed_session() as env:
+        configure_logging(env.rank)
+        data_config = DataConfig(path=text_path, block_size=16)
+        dataset = CharDataset(read_text(data_config), data_config.block_size)
+        train_set, test_set = split_dataset(dataset, data_config, seed=0)
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=dataset.vocab_size, block_size=16))
+        config = TrainerConfig(batch_size=16, data_loader_workers=0, use_amp=False, snapshot_path=SNAPSHOT)
+        trainer = Trainer(config, model, OptimizerConfig(), train_set, test_set, dataset.vocab, env)
+
+        trainer.train_loader.sampler.set_epoch(1)
+        epoch_samples = [train_set.indices[i] for i in trainer.train_loader.sampler]
+        inputs, targets = next(iter(trainer.train_loader))
+        before = digest(unwrap(trainer.model))
+        trainer.train_step(inputs, targets)
+        after = digest(unwrap(trainer.model))
+
+        modes = []
+        hook = unwrap(trainer.model).register_forward_pre_hook(lambda m, args: modes.append(m.training))
+        eval_loss = trainer.evaluate(epoch=1)
+        hook.remove()
+        local_sum, local_count = local_test_loss(trainer)
+
+        trainer._save_snapshot(1)
+        facts = {
+            "rank": env.rank,
+            "world_size": env.world_size,
+            "digest_before": before,
+            "digest_after": after,
+            "first_batch": epoch_samples[: config.batch_size],
+            "epoch_samples": epoch_samples,
+            "train_size": len(train_set),
+            "eval_modes": modes,
+            "training_after_eval": unwrap(trainer.model).training,
+            "eval_loss": eval_loss,
+            "local_loss_sum": local_sum,
+            "local_count": local_count,
+            "wrote_snapshot": fsspec.filesystem("memory").exists(SNAPSHOT.removeprefix("memory://")),
+        }
+        Path(out_dir, f"rank{env.rank}.json").write_text(json.dumps(facts))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

@@ -1,0 +1,106 @@
+"""Real multi-process runs: torchrun with 2 gloo workers on the CPU."""
+import http.server
+import json
+import threading
+
+import pytest
+
+from helpers import MINGPT, REPO, TORCHRUN, assert_ok, losses, make_text, run, run_main, tiny_overrides
+from test_main import copy_of_the_code
+
+
+@pytest.fixture(scope="module")
+def probe(text_file, tmp_path_factory):
+    """Facts from each of 2 ranks after one DDP step, an eval pass and a snapshot."""
+    out = tmp_path_factory.mktemp("probe")
+    result = run([*TORCHRUN, "--standalone", "--nproc_per_node=2", REPO / "tests" / "ddp_probe.py", text_file, out])
+    assert_ok(result)
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
+def test_parameters_are_bitwise_equal_on_both_ranks_after_a_step(probe):
+    first, second = probe
+    assert first["world_size"] == 2
+    assert first["digest_before"] == second["digest_before"]
+    assert first["digest_after"] == second["digest_after"]
+    assert first["digest_after"] != first["digest_before"], "the step changed nothing"
+
+
+def test_ranks_see_different_samples_that_together_cover_the_epoch(probe):
+    first, second = probe
+    assert not set(first["first_batch"]) & set(second["first_batch"])
+    covered = set(first["epoch_samples"]) | set(second["epoch_samples"])
+    assert len(covered) == first["train_size"]
+
+
+def test_eval_runs_in_eval_mode_and_averages_over_ranks(probe):
+    first, second = probe
+    assert first["eval_modes"] and not any(first["eval_modes"] + second["eval_modes"])
+    assert first["training_after_eval"] and second["training_after_eval"]
+    mean = (first["local_loss_sum"] + second["local_loss_sum"]) / (first["local_count"] + second["local_count"])
+    assert first["eval_loss"] == pytest.approx(mean, rel=1e-5)
+    assert second["eval_loss"] == first["eval_loss"]
+    local_means = [p["local_loss_sum"] / p["local_count"] for p in probe]
+    assert local_means[0] != local_means[1]  # the average is not one rank's own loss
+
+
+def test_only_global_rank_zero_writes_the_snapshot(probe):
+    assert [p["wrote_snapshot"] for p in probe] == [True, False]
+
+
+def check_two_rank_run(result, snapshot) -> None:
+    """A tiny 2-rank run finished, with one snapshot writer and rank-0-only progress lines."""
+    assert_ok(result)
+    assert result.stdout.count("Snapshot saved at epoch 1") == 1
+    assert result.stdout.count("Data has") == 1
+    assert {rank for rank, *_ in losses(result.stdout)} == {0}, "a line meant for rank 0 came from another"
+    assert "(mean over" in result.stdout and "on 2 ranks)" in result.stdout
+    assert snapshot.exists()
+
+
+def test_torchrun_from_the_repo_root(text_file, tmp_path):
+    snapshot = tmp_path / "snap.pt"
+    check_two_rank_run(run_main(tiny_overrides(text_file, snapshot), nproc=2), snapshot)
+
+
+def test_torchrun_from_inside_mingpt(text_file, tmp_path):
+    snapshot = tmp_path / "snap.pt"
+    check_two_rank_run(run_main(tiny_overrides(text_file, snapshot), nproc=2, cwd=MINGPT, script="main.py"),
+                       snapshot)
+
+
+def test_a_failing_worker_fails_the_job_with_one_error_line(tmp_path):
+    result = run_main(["trainer_config.batch_size=0"], nproc=2)
+    assert result.returncode != 0
+    assert result.stderr.count("error: trainer_config.batch_size: must be positive") == 1
+
+
+class _CountingServer(http.server.BaseHTTPRequestHandler):
+    body = make_text(6000).encode()
+    requests = 0
+
+    def do_GET(self):
+        type(self).requests += 1
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_default_corpus_is_downloaded_once_while_the_other_rank_waits(tmp_path):
+    root = copy_of_the_code(tmp_path)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CountingServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        overrides = [o for o in tiny_overrides("unused", tmp_path / "snap.pt") if not o.startswith("data_config.path")]
+        result = run_main(overrides, nproc=2, cwd=root, script=root / "mingpt" / "main.py",
+                          env={"MINGPT_CORPUS_URL": f"http://127.0.0.1:{server.server_port}/input.txt"})
+    finally:
+        server.shutdown()
+    assert_ok(result)
+    assert _CountingServer.requests == 1
+    assert (root / "data" / "input.txt").read_bytes() == _CountingServer.body
+    assert "Snapshot saved at epoch 1" in result.stdout
