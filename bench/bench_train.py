@@ -98,6 +98,26 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class CpuShare:
+    """Share of `threads` cores this process got while the block ran (process CPU time / wall time).
+
+    Compute threads that are never preempted read about 1.0 (idle OpenMP threads spin, so waits count);
+    well below 1.0 means something else ran on these cores and the timings are pessimistic.
+    """
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self.share = math.nan
+
+    def __enter__(self) -> "CpuShare":
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall = time.perf_counter() - self.wall
+        self.share = (time.process_time() - self.cpu) / (wall * self.threads)
+
+
 def best_matmul_seconds(n: int, dtype: torch.dtype, device: torch.device, repeats: int) -> float:
     a = torch.randn(n, n, dtype=dtype, device=device)
     b = torch.randn(n, n, dtype=dtype, device=device)
