@@ -136,11 +136,13 @@ def best_matmul_seconds(n: int, dtype: torch.dtype, device: torch.device, repeat
 def measured_peak(dtype: torch.dtype, device: torch.device, sizes: tuple[int, ...]) -> dict:
     """Best-of-repeats GFLOP/s of square matmuls of each size; the best size is the peak."""
     by_size = {}
-    for n in sizes:
-        seconds = best_matmul_seconds(n, dtype, device, repeats=5 if device.type == "cpu" else 20)
-        by_size[n] = 2 * n**3 / seconds / 1e9
+    with CpuShare(torch.get_num_threads()) as share:
+        for n in sizes:
+            seconds = best_matmul_seconds(n, dtype, device, repeats=5 if device.type == "cpu" else 20)
+            by_size[n] = 2 * n**3 / seconds / 1e9
     return {"dtype": str(dtype).removeprefix("torch."), "gflops_by_size": by_size,
-            "gflops": max(by_size.values()), "source": "measured"}
+            "gflops": max(by_size.values()), "source": "measured",
+            "cpu_share": share.share if device.type == "cpu" else None}
 
 
 def gpu_table_peak(device: torch.device) -> dict | None:
@@ -149,6 +151,12 @@ def gpu_table_peak(device: torch.device) -> dict | None:
         if key in name:
             return {"dtype": "bfloat16", "gflops": tflops * 1e3, "source": f"datasheet ({key}, dense)"}
     return None
+
+
+def best_of(first: dict[str, dict], second: dict[str, dict]) -> dict[str, dict]:
+    """Per dtype, the higher of two peak measurements: a busy moment on a shared machine can only
+    lower a peak, so measuring before and after the models and keeping the best guards against one."""
+    return {key: max(first[key], second[key], key=lambda p: p["gflops"]) for key in first}
 
 
 def peaks(device: torch.device, amp: bool) -> dict[str, dict]:
@@ -180,7 +188,7 @@ def load_data(path: Path, block_size: int) -> tuple[CharDataset, DataConfig, str
         return CharDataset(read_text(config), block_size), config, str(path)
     print(f"WARNING: {path} not found; using SYNTHETIC random text. Throughput is comparable, "
           "losses are not.", file=sys.stderr)
-    return CharDataset(synthetic_text(), block_size), config, "synthetic"
+    return CharDataset(synthetic_text(), block_size), config, "SYNTHETIC random text"
 
 
 # ----------------------------------------------------------------------------------------------- model
@@ -235,7 +243,9 @@ def run_steps(trainer: Trainer, data, device: torch.device, n: int) -> list[tupl
     return [timed_step(trainer, data, device) for _ in range(n)]
 
 
-def summarise(name: str, model: GPT, trainer: Trainer, samples, args, peak: dict[str, dict]) -> dict:
+def summarise(name: str, model: GPT, trainer: Trainer, samples, cpu_share: float, args) -> dict:
+    """The figures of one model. Headline rates use the MEDIAN step: robust to a stray slow step on a
+    shared machine; the mean is kept alongside."""
     data_s = [s[0] for s in samples]
     step_s = [s[1] for s in samples]
     losses = [s[2] for s in samples]
@@ -243,8 +253,8 @@ def summarise(name: str, model: GPT, trainer: Trainer, samples, args, peak: dict
         raise RuntimeError(f"{name}: non-finite loss {losses}")
     tokens_per_step = args.batch_size * args.block_size
     flops_per_token = model.flops_per_token()
-    mean_step = sum(step_s) / len(step_s)
-    achieved_gflops = flops_per_token * tokens_per_step / mean_step / 1e9
+    mean_step, median_step = statistics.fmean(step_s), statistics.median(step_s)
+    achieved_gflops = flops_per_token * tokens_per_step / median_step / 1e9
     cfg = model.config
     return {
         "model": name,
@@ -254,59 +264,131 @@ def summarise(name: str, model: GPT, trainer: Trainer, samples, args, peak: dict
         "precision": str(trainer.precision),
         "flops_per_token": flops_per_token,
         "tokens_per_step": tokens_per_step,
+        "ms_per_step_median": median_step * 1e3,
         "ms_per_step_mean": mean_step * 1e3,
-        "ms_per_step_median": statistics.median(step_s) * 1e3,
         "ms_per_step_min": min(step_s) * 1e3,
         "ms_per_step_max": max(step_s) * 1e3,
-        "tokens_per_s": tokens_per_step / mean_step,
-        "data_wait_ms_mean": sum(data_s) / len(data_s) * 1e3,
+        "tokens_per_s": tokens_per_step / median_step,
+        "tokens_per_s_mean": tokens_per_step / mean_step,
+        "data_wait_ms_mean": statistics.fmean(data_s) * 1e3,
         "data_wait_pct": 100 * sum(data_s) / sum(step_s),
         "achieved_tflops": achieved_gflops / 1e3,
-        "mfu": {key: achieved_gflops / p["gflops"] for key, p in peak.items()},
+        "cpu_share": cpu_share,
         "loss_first": losses[0], "loss_last": losses[-1],
     }
 
 
+def add_mfu(result: dict, peak: dict[str, dict]) -> None:
+    """MFU = achieved / peak, against each peak measured (fp32, and bf16 with --amp on CPU)."""
+    achieved = result["achieved_tflops"] * 1e3
+    slowdown = result["ms_per_step_median"] / result["ms_per_step_mean"]
+    result["mfu"] = {key: achieved / p["gflops"] for key, p in peak.items()}
+    result["mfu_mean_step"] = {key: achieved * slowdown / p["gflops"] for key, p in peak.items()}
+
+
 # --------------------------------------------------------------------------------------------- profile
 
-def profile_steps(trainer: Trainer, data, device: torch.device, args) -> list[dict]:
-    """Record a few steps and print the ops that take the most self time: what MFU is lost to."""
+# Buckets for the self time of aten ops, checked in order, so that the profile says what MFU is lost to.
+# Anything not listed (views, copies, adds, the autograd engine's own bookkeeping) is "other".
+OP_CATEGORIES = (
+    ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")),
+    ("dropout", ("aten::bernoulli_", "aten::native_dropout", "aten::dropout")),
+    ("gelu", ("aten::gelu",)),
+    ("layernorm", ("aten::native_layer_norm",)),
+    ("softmax (attention)", ("aten::_softmax", "aten::_safe_softmax")),
+    ("cross-entropy", ("aten::_log_softmax", "aten::nll_loss")),
+    ("optimizer + clip", ("aten::_fused_adamw", "aten::_foreach_")),
+    ("embedding", ("aten::embedding",)),
+)
+
+
+def category(op: str) -> str:
+    return next((name for name, prefixes in OP_CATEGORIES if op.startswith(prefixes)), "other")
+
+
+def profile_steps(trainer: Trainer, data, device: torch.device, args) -> dict:
+    """Record a few steps and print the ops that take the most self time: what MFU is lost to.
+
+    record_shapes stays off: here it made the elementwise ops of the model several times slower,
+    which would blame them for time they do not take.
+    """
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         run_steps(trainer, data, device, args.profile_steps)
     averages = prof.key_averages()
-    sort_keys = ["self_cpu_time_total"] + (["self_cuda_time_total"] if device.type == "cuda" else [])
+    sort_keys = ["self_cpu_time_total"] + (["self_device_time_total"] if device.type == "cuda" else [])
     for key in sort_keys:
         print(f"\nTop {args.profile_top} ops by {key} over {args.profile_steps} steps:")
         print(averages.table(sort_by=key, row_limit=args.profile_top, max_name_column_width=48))
-    total_self = sum(e.self_cpu_time_total for e in averages) or 1
+    return {"top_ops": top_ops(averages, args), "self_cpu_by_category": by_category(averages, args)}
+
+
+def top_ops(averages, args) -> list[dict]:
+    total = sum(e.self_cpu_time_total for e in averages) or 1
     top = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[: args.profile_top]
-    return [{"op": e.key, "calls": e.count,
+    return [{"op": e.key, "calls_per_step": e.count / args.profile_steps,
              "self_cpu_ms_per_step": e.self_cpu_time_total / 1e3 / args.profile_steps,
-             "self_cpu_pct": 100 * e.self_cpu_time_total / total_self,
+             "self_cpu_pct": 100 * e.self_cpu_time_total / total,
              "self_device_ms_per_step": e.self_device_time_total / 1e3 / args.profile_steps}
             for e in top]
 
 
+def by_category(averages, args) -> dict[str, dict]:
+    """Self CPU time per OP_CATEGORIES bucket (on CUDA: the host's time, launch overhead included)."""
+    ms: dict[str, float] = {}
+    for e in averages:
+        ms[category(e.key)] = ms.get(category(e.key), 0.0) + e.self_cpu_time_total / 1e3 / args.profile_steps
+    total = sum(ms.values()) or 1
+    ranked = sorted(ms.items(), key=lambda kv: kv[1], reverse=True)
+    print("Self CPU time by category (ms/step, share): "
+          + ", ".join(f"{name} {t:.1f} ({100 * t / total:.1f}%)" for name, t in ranked))
+    return {name: {"ms_per_step": t, "pct": 100 * t / total} for name, t in ranked}
+
+
 # --------------------------------------------------------------------------------------------- reports
+
+LOW_CPU_SHARE = 0.9  # below this, something else was using our cores: say the figures are pessimistic
+
+
+def share_note(share: float | None) -> str:
+    if share is None:
+        return ""
+    note = f"  cpu share {share:.2f}"
+    if share < LOW_CPU_SHARE:
+        note += " (LOW: other processes competed for these cores; rerun on a quiet machine)"
+    return note
+
 
 def print_peaks(peak: dict[str, dict], threads: int, device: torch.device) -> None:
     for key, p in peak.items():
         sizes = ", ".join(f"{n}: {g:.1f}" for n, g in p.get("gflops_by_size", {}).items())
         where = f"{threads} threads" if device.type == "cpu" else torch.cuda.get_device_name(device)
         print(f"peak {key} matmul ({where}, {p['source']}): {p['gflops']:.1f} GFLOP/s"
-              + (f"  [GFLOP/s by size {sizes}]" if sizes else ""))
+              + (f"  [by size {sizes}]" if sizes else "") + share_note(p.get("cpu_share")))
 
 
 def print_result(r: dict) -> None:
-    mfu = "  ".join(f"MFU({k}) {v * 100:.1f}%" for k, v in r["mfu"].items())
-    print(f"{r['model']:>10} ({r['n_layer']}L/{r['n_head']}H/{r['n_embd']}C, {r['params_m']:.2f}M, "
-          f"{r['precision']}): {r['tokens_per_s']:,.0f} tok/s  {r['ms_per_step_mean']:.1f} ms/step "
-          f"(median {r['ms_per_step_median']:.1f}, min {r['ms_per_step_min']:.1f})  "
-          f"data wait {r['data_wait_pct']:.2f}%  {r['achieved_tflops'] * 1e3:.1f} GFLOP/s  {mfu}  "
-          f"loss {r['loss_first']:.3f}->{r['loss_last']:.3f}")
+    mfu = "  ".join(f"MFU({k}) {v * 100:.1f}%" for k, v in r.get("mfu", {}).items())
+    print(f"{r['model']} ({r['n_layer']}L/{r['n_head']}H/{r['n_embd']}C, {r['params_m']:.2f}M params, "
+          f"{r['flops_per_token'] / 1e6:.1f} MFLOP/token, {r['precision']})\n"
+          f"    {r['tokens_per_s']:,.0f} tok/s  {r['ms_per_step_median']:.1f} ms/step median "
+          f"(mean {r['ms_per_step_mean']:.1f}, min {r['ms_per_step_min']:.1f}, max {r['ms_per_step_max']:.1f})  "
+          f"data wait {r['data_wait_pct']:.2f}%\n"
+          f"    {r['achieved_tflops'] * 1e3:.1f} GFLOP/s  {mfu}  "
+          f"loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}" + share_note(r["cpu_share"]))
+
+
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux); platform.processor() is often empty."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def environment(args, env: DistEnv, data_source: str) -> dict:
@@ -314,14 +396,13 @@ def environment(args, env: DistEnv, data_source: str) -> dict:
     return {
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
-        or platform.machine(),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "device_type": device.type,
         "threads": torch.get_num_threads(),
         "batch_size": args.batch_size, "block_size": args.block_size,
         "warmup": args.warmup, "steps": args.steps, "workers": args.workers,
         "amp": args.amp, "amp_dtype": args.amp_dtype if args.amp else None,
-        "data": data_source, "synthetic_data": data_source == "synthetic",
+        "data": data_source, "synthetic_data": data_source.startswith("SYNTHETIC"),
     }
 
 
@@ -333,15 +414,18 @@ def write_json(path: Path, report: dict) -> None:
 
 # ------------------------------------------------------------------------------------------------ main
 
-def bench_model(name: str, args, dataset, data_config, env, peak, snapshot_dir) -> dict:
+def bench_model(name: str, args, dataset, data_config, env, snapshot_dir) -> dict:
     model, trainer = build_trainer(name, args, dataset, data_config, env, snapshot_dir)
     model.train()
     data = batches(trainer)
     run_steps(trainer, data, env.device, args.warmup)
-    result = summarise(name, model, trainer, run_steps(trainer, data, env.device, args.steps), args, peak)
+    with CpuShare(args.threads) as share:
+        samples = run_steps(trainer, data, env.device, args.steps)
+    cpu_share = share.share if env.device.type == "cpu" else None
+    result = summarise(name, model, trainer, samples, cpu_share, args)
     print_result(result)
     if args.profile:
-        result["profile_top_ops"] = profile_steps(trainer, data, env.device, args)
+        result["profile"] = profile_steps(trainer, data, env.device, args)
     return result
 
 
@@ -357,8 +441,15 @@ def main(argv=None) -> None:
               f"{args.block_size} tokens, {args.warmup} warmup + {args.steps} timed steps")
         peak = peaks(env.device, args.amp)
         print_peaks(peak, args.threads, env.device)
-        results = [bench_model(name, args, dataset, data_config, env, peak, snapshot_dir)
-                   for name in args.models]
+        results = [bench_model(name, args, dataset, data_config, env, snapshot_dir) for name in args.models]
+        if env.device.type == "cpu":
+            peak = best_of(peak, peaks(env.device, args.amp))
+            print("peak measured again after the models; MFU uses the better of the two:")
+            print_peaks(peak, args.threads, env.device)
+        print("\nsummary:")
+        for result in results:
+            add_mfu(result, peak)
+            print_result(result)
         write_json(args.json, {"environment": environment(args, env, source), "peak": peak,
                                "results": results})
 

@@ -21,6 +21,7 @@ from char_dataset import REPO_ROOT, CharDataset, DataConfig, ensure_default_corp
 from errors import MinGPTError, check
 from logger import configure_logging, log
 from model import GPT, GPTConfig, OptimizerConfig
+from parallel import local_parameter_bytes
 from process_group import DistEnv, barrier, distributed_session
 from trainer import Trainer, TrainerConfig
 
@@ -67,8 +68,10 @@ def train(config: TrainConfig) -> None:
         trainer = Trainer(config.trainer_config, model, config.optimizer_config,
                           train_set, test_set, dataset.vocab, env)
         log.info(
-            f"Training {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters on "
-            f"{env.world_size} process(es), {env.backend} on {env.device.type}, {trainer.precision}; "
+            f"Training {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters with "
+            f"{config.trainer_config.distributed_method} on {env.world_size} process(es) "
+            f"({env.backend}, {env.device.type}), {trainer.precision}, "
+            f"{local_parameter_bytes(trainer.model) / 1e6:.1f} MB of parameters per rank; "
             f"{len(train_set)} train and {len(test_set)} test samples"
         )
         trainer.train()

@@ -1,10 +1,20 @@
 """How the model is spread over the ranks, and how its full state is gathered and restored.
 
+- ddp: every rank holds the whole model; DDP all-reduces gradients during the backward pass.
+- fsdp: FSDP2 (`fully_shard`) on each transformer block, then on the root: each rank holds
+  1/world of every parameter, gradient and optimizer state, and gathers a block's parameters only
+  while it computes with them. Mixed precision is FSDP's own policy (parameters cast for compute,
+  gradients reduced in fp32), so no autocast is needed around the forward pass.
+
 Full state dicts go through torch.distributed.checkpoint's state_dict API for every method, so a
 snapshot holds the same thing whoever wrote it: unprefixed parameter names, and optimizer state
-keyed by parameter name rather than by position.
+keyed by parameter name rather than by position. That is what lets DDP resume FSDP's snapshots,
+and any world size resume any other's.
 """
+from dataclasses import dataclass
+
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -12,8 +22,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from precision import Precision
 from process_group import DistEnv
 
 METHODS = ("ddp", "fsdp")
@@ -22,22 +36,65 @@ _GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)
 _RESTORE = StateDictOptions(full_state_dict=True)
 
 
-def parallelize(model: nn.Module, method: str, env: DistEnv) -> nn.Module:
-    """Move the model to this rank's device and wrap it for data-parallel training.
+@dataclass(frozen=True)
+class Parallelism:
+    method: str
+    """ddp or fsdp."""
+    cpu_offload: bool = False
+    """fsdp only: parameters, gradients and optimizer state live in CPU memory."""
 
-    A world of one needs no wrapper: DDP would only add bucket copies to every step.
-    """
+
+def parallelize(model: nn.Module, parallelism: Parallelism, precision: Precision, env: DistEnv) -> nn.Module:
+    """Move the model to this rank's device and wrap it for data-parallel training."""
+    if parallelism.method == "fsdp":
+        return _shard(model, parallelism.cpu_offload, precision, env)
     model = model.to(env.device)
-    if method != "ddp":
-        raise NotImplementedError(f"distributed_method={method}")
     if env.world_size == 1:
-        return model
+        return model  # nothing to synchronise: DDP would only add bucket copies to every step
     return DDP(model, device_ids=[env.device] if env.device.type == "cuda" else None)
+
+
+def _shard(model: nn.Module, cpu_offload: bool, precision: Precision, env: DistEnv) -> nn.Module:
+    mesh = init_device_mesh(env.device.type, (env.world_size,))
+    mixed_precision = MixedPrecisionPolicy(param_dtype=precision.amp_dtype, reduce_dtype=torch.float32)
+    # Pinned host memory needs an accelerator; on a CPU-only machine plain memory is the only kind.
+    offload = CPUOffloadPolicy(pin_memory=env.device.type == "cuda") if cpu_offload else OffloadPolicy()
+    if not cpu_offload:
+        model = model.to(env.device)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=mixed_precision, offload_policy=offload)
+    fully_shard(model, mesh=mesh, mp_policy=mixed_precision, offload_policy=offload)
+    return model
+
+
+def computes_in_precision(model: nn.Module) -> bool:
+    """True when the wrapper casts for compute itself (FSDP's policy), so autocast must stay off."""
+    return isinstance(model, FSDPModule)
+
+
+def grad_scaler(model: nn.Module, precision: Precision, env: DistEnv) -> torch.amp.GradScaler:
+    """A loss scaler that is a no-op unless fp16 needs it.
+
+    Under FSDP each rank sees only its shard of the gradients, so an overflow on one rank must skip
+    the step on all of them: ShardedGradScaler all-reduces the overflow flag.
+    """
+    if isinstance(model, FSDPModule) and precision.needs_grad_scaler:
+        return ShardedGradScaler(env.device.type, process_group=dist.group.WORLD)
+    return torch.amp.GradScaler(env.device.type, enabled=precision.needs_grad_scaler)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The user's model inside whatever wrapper parallelize() put around it."""
     return model.module if isinstance(model, DDP) else model
+
+
+def local_parameter_bytes(model: nn.Module) -> int:
+    """Bytes of parameters this rank holds: the whole model under DDP, its shards under FSDP."""
+    total = 0
+    for param in model.parameters():
+        local = param.to_local() if hasattr(param, "to_local") else param
+        total += local.numel() * local.element_size()
+    return total
 
 
 def gather_full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
@@ -48,6 +105,6 @@ def gather_full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tup
 def restore_full_state(
     model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict, optimizer_state: dict
 ) -> None:
-    """Load full state (as gathered above) into this rank's part of the model and optimizer."""
+    """Load full state (as gathered above, present on every rank) into this rank's part."""
     set_model_state_dict(model, model_state, options=_RESTORE)
     set_optimizer_state_dict(model, optimizer, optimizer_state, options=_RESTORE)

@@ -39,7 +39,7 @@ class Precision:
         if self.amp_dtype is None:
             return "fp32"
         name = "fp16" if self.amp_dtype == torch.float16 else "bf16"
-        return f"{name} autocast" + (" + GradScaler" if self.needs_grad_scaler else "")
+        return f"{name} mixed precision" + (" + GradScaler" if self.needs_grad_scaler else "")
 
 
 @lru_cache(maxsize=1)

@@ -4,6 +4,7 @@ The model arrives unwrapped; the Trainer puts it on this rank's device, wraps it
 distributed method, and only then builds the optimizer (built earlier, FSDP would never update the
 sharded parameters).
 """
+import contextlib
 from dataclasses import asdict, dataclass
 from typing import Optional
 
@@ -14,7 +15,16 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from errors import SnapshotError, check, check_positive
 from logger import log
 from model import OptimizerConfig, create_optimizer
-from parallel import METHODS, gather_full_state, parallelize, restore_full_state, unwrap
+from parallel import (
+    METHODS,
+    Parallelism,
+    computes_in_precision,
+    gather_full_state,
+    grad_scaler,
+    parallelize,
+    restore_full_state,
+    unwrap,
+)
 from precision import AMP_DTYPES, resolve_precision
 from process_group import DistEnv, all_reduce_sum
 from snapshot import Snapshot, load_snapshot, save_snapshot
@@ -55,6 +65,8 @@ class TrainerConfig:
         check(bool(self.snapshot_path), "trainer_config.snapshot_path", "must not be empty")
         check(self.distributed_method in METHODS, "trainer_config.distributed_method",
               f"must be one of {', '.join(METHODS)}, got {self.distributed_method!r}")
+        check(not self.cpu_offload or self.distributed_method == "fsdp", "trainer_config.cpu_offload",
+              "offloads FSDP shards; set trainer_config.distributed_method=fsdp or cpu_offload=False")
         check(self.amp_dtype in AMP_DTYPES, "trainer_config.amp_dtype",
               f"must be one of {', '.join(AMP_DTYPES)}, got {self.amp_dtype!r}")
 
@@ -74,9 +86,12 @@ class Trainer:
         self.env = env
         self.vocab = vocab
         self.precision = resolve_precision(config.use_amp, config.amp_dtype, env.device)
-        self.model = parallelize(model, config.distributed_method, env)
+        self.model = parallelize(model, Parallelism(config.distributed_method, config.cpu_offload),
+                                 self.precision, env)
         self.optimizer = create_optimizer(self.model, optimizer_config)
-        self.scaler = torch.amp.GradScaler(env.device.type, enabled=self.precision.needs_grad_scaler)
+        self.scaler = grad_scaler(self.model, self.precision, env)
+        # FSDP casts parameters itself; autocast on top would only add casts.
+        self.autocast = contextlib.nullcontext if computes_in_precision(self.model) else self.precision.autocast
         self.train_loader = self._dataloader(train_dataset, shuffle=True)
         self.test_loader = self._dataloader(test_dataset, shuffle=False) if test_dataset else None
         self.epochs_run = self._load_snapshot()
@@ -121,7 +136,7 @@ class Trainer:
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One optimizer step. The scaler is a no-op unless fp16 needs it."""
-        with self.precision.autocast():
+        with self.autocast():
             _, loss = self.model(inputs, targets)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
@@ -142,7 +157,7 @@ class Trainer:
         totals = torch.zeros(2, device=self.env.device)  # sum of sample losses, sample count
         for iteration, batch in enumerate(self.test_loader):
             inputs, targets = self._to_device(batch)
-            with self.precision.autocast():
+            with self.autocast():
                 _, loss = self.model(inputs, targets)
             totals[0] += loss.float() * len(inputs)
             totals[1] += len(inputs)

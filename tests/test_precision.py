@@ -42,4 +42,4 @@ def test_the_warning_is_rank_zeros_alone(monkeypatch, capsys):
 def test_cuda_fp16_uses_a_grad_scaler():
     chosen = resolve_precision(True, "float16", torch.device("cuda"))
     assert chosen.amp_dtype == torch.float16 and chosen.needs_grad_scaler
-    assert str(chosen) == "fp16 autocast + GradScaler"
+    assert str(chosen) == "fp16 mixed precision + GradScaler"
