@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from errors import SnapshotError, check, check_positive
 from logger import log
+from metrics import MetricsLog, default_metrics_path
 from model import OptimizerConfig, create_optimizer
 from parallel import (
     METHODS,
@@ -30,6 +31,8 @@ from process_group import DistEnv, all_reduce_sum
 from snapshot import Snapshot, load_snapshot, save_snapshot
 
 __all__ = ["Trainer", "TrainerConfig", "Snapshot"]
+
+MAX_RANKS = 100_000  # spaces per-epoch seeds apart, so no two (epoch, rank) pairs share one
 
 
 @dataclass
@@ -53,9 +56,11 @@ class TrainerConfig:
     cpu_offload: bool = False
     """FSDP only: keep parameters (and optimizer state) in CPU memory."""
     seed: int = 1337
-    """Seeds model init, the train/test split and shuffling; dropout uses seed + rank."""
+    """Seeds model init, the train/test split, shuffling, and dropout (per rank and epoch)."""
     log_every: int = 100
     """Log the loss every this many iterations."""
+    metrics_path: Optional[str] = None
+    """JSON-lines metrics file (any fsspec path); default: beside the snapshot, *.metrics.jsonl."""
 
     def __post_init__(self) -> None:
         check_positive(self, "trainer_config", "max_epochs", "batch_size", "save_every",
@@ -85,6 +90,7 @@ class Trainer:
         self.config = config
         self.env = env
         self.vocab = vocab
+        self.block_size = unwrap(model).config.block_size
         self.precision = resolve_precision(config.use_amp, config.amp_dtype, env.device)
         self.model = parallelize(model, Parallelism(config.distributed_method, config.cpu_offload),
                                  self.precision, env)
@@ -94,9 +100,10 @@ class Trainer:
         self.autocast = contextlib.nullcontext if computes_in_precision(self.model) else self.precision.autocast
         self.train_loader = self._dataloader(train_dataset, shuffle=True)
         self.test_loader = self._dataloader(test_dataset, shuffle=False) if test_dataset else None
+        self.metrics = MetricsLog(config.metrics_path or default_metrics_path(config.snapshot_path),
+                                  active=env.is_main)
         self.epochs_run = self._load_snapshot()
-        # Same init on every rank (seeded by the caller), different dropout masks per rank.
-        torch.manual_seed(config.seed + env.rank)
+        self.metrics.start(resumed_epoch=self.epochs_run)
 
     def train(self) -> None:
         for epoch in range(self.epochs_run + 1, self.config.max_epochs + 1):
@@ -126,13 +133,23 @@ class Trainer:
         if iteration % self.config.log_every == 0:
             # .item() waits for the device: do it only when printing.
             log.info(f"[GPU{self.env.rank}] Epoch {epoch} | Iter {iteration} | {kind} Loss {loss.item():.5f}")
+            self.metrics.flush()
 
     def _train_epoch(self, epoch: int) -> None:
         self.model.train()
-        self.train_loader.sampler.set_epoch(epoch)
+        sampler = self.train_loader.sampler
+        sampler.set_epoch(epoch)
+        # Dropout differs per rank and per epoch, yet an epoch replays exactly after a resume.
+        torch.manual_seed(self.config.seed + MAX_RANKS * epoch + self.env.rank)
+        first_step = (epoch - 1) * len(self.train_loader)
         for iteration, batch in enumerate(self.train_loader):
             loss = self.train_step(*self._to_device(batch))
+            samples_seen = (epoch - 1) * sampler.total_size + min(
+                (iteration + 1) * self.config.batch_size, sampler.num_samples) * self.env.world_size
+            self.metrics.record("train", loss, epoch=epoch, iter=iteration, step=first_step + iteration + 1,
+                                tokens=samples_seen * self.block_size, lr=self.optimizer.param_groups[0]["lr"])
             self._log_loss("Train", epoch, iteration, loss)
+        self.metrics.flush()
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One optimizer step. The scaler is a no-op unless fp16 needs it."""
@@ -162,12 +179,15 @@ class Trainer:
             totals[0] += loss.float() * len(inputs)
             totals[1] += len(inputs)
             self._log_loss("Eval", epoch, iteration, loss)
-        loss_sum, count = all_reduce_sum(totals).tolist()
+        loss_sum, count = all_reduce_sum(totals)
         mean_loss = loss_sum / count
-        log.info(f"[GPU{self.env.rank}] Epoch {epoch} | Eval Loss {mean_loss:.5f} "
+        tokens = epoch * self.train_loader.sampler.total_size * self.block_size  # trained on so far
+        self.metrics.record("eval", mean_loss, epoch=epoch, tokens=tokens, samples=int(count))
+        self.metrics.flush()
+        log.info(f"[GPU{self.env.rank}] Epoch {epoch} | Eval Loss {mean_loss.item():.5f} "
                  f"(mean over {int(count)} samples on {self.env.world_size} ranks)")
         self.model.train()
-        return mean_loss
+        return mean_loss.item()
 
     def _save_snapshot(self, epoch: int) -> None:
         model_state, optimizer_state = gather_full_state(self.model, self.optimizer)

@@ -1,0 +1,67 @@
+"""Training metrics as JSON lines, kept by global rank 0 beside the snapshot (any fsspec path).
+
+One line per training step (epoch, iter, step, tokens, loss, lr) and one per eval pass. Step losses
+stay on the device until flush(), which the trainer calls at log time: recording a step costs no
+host-device synchronisation.
+"""
+import json
+from typing import Any, Optional
+
+import fsspec
+import torch
+from fsspec.implementations.local import LocalFileSystem
+
+
+def default_metrics_path(snapshot_path: str) -> str:
+    """`gpt_snapshot.pt` -> `gpt_snapshot.metrics.jsonl`, in the same folder or bucket."""
+    stem = snapshot_path[: -len(".pt")] if snapshot_path.endswith(".pt") else snapshot_path
+    return f"{stem}.metrics.jsonl"
+
+
+class MetricsLog:
+    def __init__(self, path: str, active: bool):
+        self.path = path
+        self.active = active
+        self._pending: list[dict[str, Any]] = []
+
+    def start(self, resumed_epoch: int) -> None:
+        """Keep the lines of the epochs a snapshot holds; drop any written after it (or all)."""
+        if not self.active:
+            return
+        kept = [line for line in self._read() if line["epoch"] <= resumed_epoch]
+        self._write("".join(json.dumps(line) + "\n" for line in kept), append=False)
+
+    def record(self, kind: str, loss: torch.Tensor, **fields: Any) -> None:
+        if self.active:
+            self._pending.append({"kind": kind, **fields, "loss": loss.detach()})
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        values = torch.stack([line["loss"].float() for line in self._pending]).tolist()  # one sync
+        text = "".join(json.dumps({**line, "loss": value}) + "\n" for line, value in zip(self._pending, values))
+        self._pending.clear()
+        self._write(text, append=True)
+
+    def _read(self) -> list[dict[str, Any]]:
+        fs, path = fsspec.core.url_to_fs(self.path)
+        if not fs.exists(path):
+            return []
+        return [json.loads(line) for line in fs.cat_file(path).decode().splitlines() if line.strip()]
+
+    def _write(self, text: str, append: bool) -> None:
+        fs, path = fsspec.core.url_to_fs(self.path)
+        if isinstance(fs, LocalFileSystem):
+            fs.makedirs(fs._parent(path), exist_ok=True)
+            with open(path, "a" if append else "w") as f:
+                f.write(text)
+            return
+        # Object stores cannot append: rewrite the (small) object whole.
+        old = fs.cat_file(path).decode() if append and fs.exists(path) else ""
+        fs.pipe_file(path, (old + text).encode())
+
+
+def read_metrics(path: str, kind: Optional[str] = None) -> list[dict[str, Any]]:
+    """The lines of a metrics file, optionally of one kind ('train' or 'eval')."""
+    lines = MetricsLog(path, active=False)._read()
+    return [line for line in lines if kind is None or line["kind"] == kind]
