@@ -1,5 +1,6 @@
 """Helpers for the tests: a small generated text, tiny-model overrides, runners for real processes."""
 import hashlib
+import json
 import os
 import random
 import re
@@ -82,3 +83,11 @@ def sha256(path: Path) -> str:
 
 def assert_ok(result: subprocess.CompletedProcess) -> None:
     assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+
+
+def run_probe(method: str, text_file: Path, out: Path, nproc: int = 2) -> list[dict]:
+    """Facts from each rank of tests/probe.py: one step, an eval pass and a snapshot."""
+    result = run([*TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", REPO / "tests" / "probe.py",
+                  method, text_file, out])
+    assert_ok(result)
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(nproc)]

@@ -1,21 +1,17 @@
 """Real multi-process runs: torchrun with 2 gloo workers on the CPU."""
 import http.server
-import json
 import threading
 
 import pytest
 
-from helpers import MINGPT, REPO, TORCHRUN, assert_ok, losses, make_text, run, run_main, tiny_overrides
+from helpers import MINGPT, assert_ok, losses, make_text, run_main, run_probe, tiny_overrides
 from test_main import copy_of_the_code
 
 
 @pytest.fixture(scope="module")
 def probe(text_file, tmp_path_factory):
     """Facts from each of 2 ranks after one DDP step, an eval pass and a snapshot."""
-    out = tmp_path_factory.mktemp("probe")
-    result = run([*TORCHRUN, "--standalone", "--nproc_per_node=2", REPO / "tests" / "ddp_probe.py", text_file, out])
-    assert_ok(result)
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    return run_probe("ddp", text_file, tmp_path_factory.mktemp("probe"))
 
 
 def test_parameters_are_bitwise_equal_on_both_ranks_after_a_step(probe):

@@ -1,7 +1,7 @@
-"""Run by test_distributed.py under torchrun: one DDP step, an eval pass and a snapshot, with
-what each rank saw written to OUT_DIR/rank{N}.json.
+"""Run by the tests under torchrun: one training step, an eval pass and a snapshot, with what
+each rank saw written to OUT_DIR/rank{N}.json. METHOD is ddp or fsdp.
 
-    torchrun --standalone --nproc_per_node=2 tests/ddp_probe.py TEXT_FILE OUT_DIR
+    torchrun --standalone --nproc_per_node=2 tests/probe.py METHOD TEXT_FILE OUT_DIR
 """
 import hashlib
 import json
@@ -16,16 +16,21 @@ import torch  # noqa: E402
 from char_dataset import CharDataset, DataConfig, read_text, split_dataset  # noqa: E402
 from logger import configure_logging  # noqa: E402
 from model import GPT, GPTConfig, OptimizerConfig  # noqa: E402
-from parallel import unwrap  # noqa: E402
+from parallel import gather_full_state, local_parameter_bytes, unwrap  # noqa: E402
 from process_group import distributed_session  # noqa: E402
 from trainer import Trainer, TrainerConfig  # noqa: E402
 
 SNAPSHOT = "memory://probe/snap.pt"  # each process has its own in-memory filesystem
 
 
-def digest(model: torch.nn.Module) -> str:
+def digest(trainer: Trainer) -> str:
+    """Hash of this rank's full view of the parameters (gathered first under FSDP)."""
+    if trainer.config.distributed_method == "fsdp":
+        state, _ = gather_full_state(trainer.model, trainer.optimizer)
+    else:
+        state = unwrap(trainer.model).state_dict()
     h = hashlib.sha256()
-    for tensor in model.state_dict().values():
+    for tensor in state.values():
         h.update(bytes(tensor.detach().contiguous().view(torch.uint8).flatten().tolist()))
     return h.hexdigest()
 
@@ -33,16 +38,16 @@ def digest(model: torch.nn.Module) -> str:
 @torch.no_grad()
 def local_test_loss(trainer: Trainer) -> tuple[float, int]:
     """This rank's summed test loss and sample count, computed apart from Trainer.evaluate."""
-    model = unwrap(trainer.model).eval()
+    trainer.model.eval()
     total, count = 0.0, 0
     for inputs, targets in trainer.test_loader:
-        total += model(inputs, targets)[1].item() * len(inputs)
+        total += trainer.model(inputs, targets)[1].item() * len(inputs)
         count += len(inputs)
-    model.train()
+    trainer.model.train()
     return total, count
 
 
-def main(text_path: str, out_dir: str) -> None:
+def main(method: str, text_path: str, out_dir: str) -> None:
     with distributed_session() as env:
         configure_logging(env.rank)
         data_config = DataConfig(path=text_path, block_size=16)
@@ -50,15 +55,16 @@ def main(text_path: str, out_dir: str) -> None:
         train_set, test_set = split_dataset(dataset, data_config, seed=0)
         torch.manual_seed(0)
         model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=dataset.vocab_size, block_size=16))
-        config = TrainerConfig(batch_size=16, data_loader_workers=0, use_amp=False, snapshot_path=SNAPSHOT)
+        config = TrainerConfig(batch_size=16, data_loader_workers=0, use_amp=False, snapshot_path=SNAPSHOT,
+                               distributed_method=method)
         trainer = Trainer(config, model, OptimizerConfig(), train_set, test_set, dataset.vocab, env)
 
         trainer.train_loader.sampler.set_epoch(1)
         epoch_samples = [train_set.indices[i] for i in trainer.train_loader.sampler]
         inputs, targets = next(iter(trainer.train_loader))
-        before = digest(unwrap(trainer.model))
+        before = digest(trainer)
         trainer.train_step(inputs, targets)
-        after = digest(unwrap(trainer.model))
+        after = digest(trainer)
 
         modes = []
         hook = unwrap(trainer.model).register_forward_pre_hook(lambda m, args: modes.append(m.training))
@@ -70,6 +76,8 @@ def main(text_path: str, out_dir: str) -> None:
         facts = {
             "rank": env.rank,
             "world_size": env.world_size,
+            "parameter_bytes": sum(p.numel() * p.element_size() for p in trainer.model.parameters()),
+            "local_parameter_bytes": local_parameter_bytes(trainer.model),
             "digest_before": before,
             "digest_after": after,
             "first_batch": epoch_samples[: config.batch_size],
@@ -86,4 +94,4 @@ def main(text_path: str, out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])
