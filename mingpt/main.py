@@ -60,21 +60,25 @@ def load_dataset(config: DataConfig, env: DistEnv) -> CharDataset:
 def train(config: TrainConfig) -> None:
     with distributed_session() as env:
         configure_logging(env.rank)
-        dataset = load_dataset(config.data_config, env)
-        train_set, test_set = split_dataset(dataset, config.data_config, config.trainer_config.seed)
-        gpt_config = replace(config.gpt_config, vocab_size=dataset.vocab_size, block_size=dataset.block_size)
-        torch.manual_seed(config.trainer_config.seed)  # the same initial weights on every rank
-        model = GPT(gpt_config)
-        trainer = Trainer(config.trainer_config, model, config.optimizer_config,
-                          train_set, test_set, dataset.vocab, env)
-        log.info(
-            f"Training {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters with "
-            f"{config.trainer_config.distributed_method} on {env.world_size} process(es) "
-            f"({env.backend}, {env.device.type}), {trainer.precision}, "
-            f"{local_parameter_bytes(trainer.model) / 1e6:.1f} MB of parameters per rank; "
-            f"{len(train_set)} train and {len(test_set)} test samples"
-        )
-        trainer.train()
+        build_and_train(config, env)
+
+
+def build_and_train(config: TrainConfig, env: DistEnv) -> None:
+    dataset = load_dataset(config.data_config, env)
+    train_set, test_set = split_dataset(dataset, config.data_config, config.trainer_config.seed)
+    gpt_config = replace(config.gpt_config, vocab_size=dataset.vocab_size, block_size=dataset.block_size)
+    torch.manual_seed(config.trainer_config.seed)  # the same initial weights on every rank
+    model = GPT(gpt_config)
+    trainer = Trainer(config.trainer_config, model, config.optimizer_config,
+                      train_set, test_set, dataset.vocab, env)
+    log.info(
+        f"Training {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters with "
+        f"{config.trainer_config.distributed_method} on {env.world_size} process(es) "
+        f"({env.backend}, {env.device.type}), {trainer.precision}, "
+        f"{local_parameter_bytes(trainer.model) / 1e6:.1f} MB of parameters per rank; "
+        f"{len(train_set)} train and {len(test_set)} test samples"
+    )
+    trainer.train()
 
 
 def report_error(error: MinGPTError) -> None:

@@ -4,6 +4,7 @@ Under torchrun (RANK, WORLD_SIZE, ... in the environment) every rank joins throu
 rendezvous. Without it (`python main.py`) the process is a world of one, with an in-memory store,
 so the rest of the code runs the same collectives either way.
 """
+import gc
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -89,6 +90,10 @@ def distributed_session() -> Iterator[DistEnv]:
         yield env
         dist.barrier()
     finally:
+        # Free what the session built (FSDP keeps tensors referenced by gloo's pending work) while
+        # the process group and the interpreter are alive: freed later, at interpreter shutdown,
+        # they can abort the process ("terminate called without an active exception").
+        gc.collect()
         dist.destroy_process_group()
 
 

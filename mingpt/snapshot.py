@@ -18,6 +18,7 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 
 from errors import SnapshotError
+from storage import short_reason
 
 
 @dataclass
@@ -47,11 +48,6 @@ class Snapshot:
                                 "trainer_config.snapshot_path to a new file or use the snapshot's data")
 
 
-def _short(error: Exception) -> str:
-    first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return f"{type(error).__name__}: {first_line[:160]}"
-
-
 def save_snapshot(snapshot: Snapshot, path: str) -> None:
     """Write snapshot to path (local or any fsspec URL), replacing the old one only when complete."""
     fs, target = fsspec.core.url_to_fs(path)
@@ -69,7 +65,7 @@ def save_snapshot(snapshot: Snapshot, path: str) -> None:
     except OSError as e:
         if fs.exists(temporary):
             fs.rm(temporary)
-        raise SnapshotError(f"could not write snapshot {path} ({_short(e)}); "
+        raise SnapshotError(f"could not write snapshot {path} ({short_reason(e)}); "
                             "check trainer_config.snapshot_path and free space") from None
 
 
@@ -85,7 +81,7 @@ def load_snapshot(path: str) -> Optional[Snapshot]:
             buffer = io.BytesIO(f.read())
         state = torch.load(buffer, map_location="cpu", weights_only=True)
     except Exception as e:  # any unreadable, corrupt or unsafe file is the same problem to the user
-        raise SnapshotError(f"snapshot {path} cannot be loaded ({_short(e)}); {advice}") from None
+        raise SnapshotError(f"snapshot {path} cannot be loaded ({short_reason(e)}); {advice}") from None
     expected = {f.name for f in fields(Snapshot)}
     if not isinstance(state, dict) or set(state) != expected:
         found = sorted(state) if isinstance(state, dict) else type(state).__name__

@@ -29,6 +29,7 @@ from parallel import (
 from precision import AMP_DTYPES, resolve_precision
 from process_group import DistEnv, all_reduce_sum
 from snapshot import Snapshot, load_snapshot, save_snapshot
+from storage import check_writable, short_reason
 
 __all__ = ["Trainer", "TrainerConfig", "Snapshot"]
 
@@ -100,8 +101,11 @@ class Trainer:
         self.autocast = contextlib.nullcontext if computes_in_precision(self.model) else self.precision.autocast
         self.train_loader = self._dataloader(train_dataset, shuffle=True)
         self.test_loader = self._dataloader(test_dataset, shuffle=False) if test_dataset else None
-        self.metrics = MetricsLog(config.metrics_path or default_metrics_path(config.snapshot_path),
-                                  active=env.is_main)
+        metrics_path = config.metrics_path or default_metrics_path(config.snapshot_path)
+        if env.is_main:
+            check_writable(config.snapshot_path, "trainer_config.snapshot_path")
+            check_writable(metrics_path, "trainer_config.metrics_path")
+        self.metrics = MetricsLog(metrics_path, active=env.is_main)
         self.epochs_run = self._load_snapshot()
         self.metrics.start(resumed_epoch=self.epochs_run)
 
@@ -217,7 +221,7 @@ class Trainer:
                 self.scaler.load_state_dict(snapshot.scaler_state)
         except (RuntimeError, KeyError, ValueError) as e:
             raise SnapshotError(f"snapshot {path} does not fit this model and optimizer "
-                                f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
+                                f"({short_reason(e)}); "
                                 "set trainer_config.snapshot_path to a new file") from None
         log.info(f"Resuming training from snapshot at Epoch {snapshot.finished_epoch}")
         return snapshot.finished_epoch

@@ -91,6 +91,7 @@ def main(method: str, text_path: str, out_dir: str) -> None:
             "wrote_snapshot": fsspec.filesystem("memory").exists(SNAPSHOT.removeprefix("memory://")),
         }
         Path(out_dir, f"rank{env.rank}.json").write_text(json.dumps(facts))
+        del trainer, model  # freed before the process group goes (see distributed_session)
 
 
 if __name__ == "__main__":

@@ -156,7 +156,8 @@ def test_unwritable_snapshot_folder_fails_cleanly(text_file, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     result = run_main(tiny_overrides(text_file, blocker / "snap.pt"))
-    assert "could not write snapshot" in one_error_line(result)
+    assert "trainer_config.snapshot_path: cannot write to" in one_error_line(result)
+    assert "Epoch 1 |" not in result.stdout  # refused before training
 
 
 def copy_of_the_code(tmp_path):
