@@ -13,9 +13,11 @@ from fsspec.implementations.local import LocalFileSystem
 
 
 def default_metrics_path(snapshot_path: str) -> str:
-    """`gpt_snapshot.pt` -> `gpt_snapshot.metrics.jsonl`, in the same folder or bucket."""
-    stem = snapshot_path[: -len(".pt")] if snapshot_path.endswith(".pt") else snapshot_path
-    return f"{stem}.metrics.jsonl"
+    """Beside the snapshot: `gpt_snapshot.pt` -> `gpt_snapshot.metrics.jsonl`; a snapshot folder
+    `s3://bucket/run/` -> `s3://bucket/run/metrics.jsonl`."""
+    if snapshot_path.endswith(".pt"):
+        return snapshot_path[: -len(".pt")] + ".metrics.jsonl"
+    return snapshot_path.rstrip("/") + "/metrics.jsonl"
 
 
 class MetricsLog:
@@ -24,11 +26,11 @@ class MetricsLog:
         self.active = active
         self._pending: list[dict[str, Any]] = []
 
-    def start(self, resumed_epoch: int) -> None:
-        """Keep the lines of the epochs a snapshot holds; drop any written after it (or all)."""
+    def start(self, resumed_step: int) -> None:
+        """Keep the lines of the steps a snapshot holds; drop any written after it (or all)."""
         if not self.active:
             return
-        kept = [line for line in self._read() if line["epoch"] <= resumed_epoch]
+        kept = [line for line in self._read() if line["step"] <= resumed_step]
         self._write("".join(json.dumps(line) + "\n" for line in kept), append=False)
 
     def record(self, kind: str, loss: torch.Tensor, **fields: Any) -> None:

@@ -105,3 +105,10 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """Sum a tensor over all ranks, in place, and return it."""
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
+
+
+def all_gather_objects(obj: object) -> list:
+    """Every rank's obj, in rank order, on every rank."""
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered

@@ -1,16 +1,24 @@
 """Training snapshots: what they hold, and writing and reading them safely through fsspec.
 
-- Atomic: the snapshot is written to a temporary name beside the target and renamed (moved, on
-  object stores) only once complete, so a crash mid-save leaves the previous snapshot intact.
+- Atomic: a snapshot is written to a temporary name beside its target and renamed (copied then
+  deleted, on object stores) only once complete, so a crash or a failed upload mid-save leaves the
+  previous snapshot intact and never leaves a partial file under a snapshot's name.
 - Safe: loaded with weights_only=True, so a snapshot can hold tensors and plain values but cannot
   run code.
 - Self-describing: the vocabulary and model config travel with the weights, so a snapshot alone
   can rebuild its model and decode its output.
+- Exact: the training position (epoch, batch within it, step) and every rank's RNG state, so a
+  resumed run continues with the next unseen batch and the same dropout masks.
+
+`trainer_config.snapshot_path` ending in `.pt` names one file, replaced at every save. Any other
+path is a folder holding `snapshot_<step>.pt` files, of which the newest `keep_last` are kept;
+resuming picks the newest.
 """
 import io
 import os
+import re
 import uuid
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
 import fsspec
@@ -18,22 +26,47 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 
 from errors import SnapshotError
-from storage import short_reason
+from storage import parent_folder, short_reason
+
+_ADVICE = "move it away or set trainer_config.snapshot_path to another location"
+_FOLDER_ENTRY = re.compile(r"snapshot_(\d+)\.pt$")
 
 
 @dataclass
-class Snapshot:
-    model_state: dict[str, torch.Tensor]
+class Progress:
+    """Where training stands. Batch counts refer to the world size that trained them."""
+
+    finished_epoch: int = 0
+    """The last epoch trained to its end."""
+    epoch_step: int = 0
+    """Batches of the next epoch already trained (0 at an epoch boundary)."""
+    step: int = 0
+    """Optimizer steps so far."""
+    tokens: int = 0
+    """Training tokens seen so far, over all ranks."""
+    world_size: int = 1
+
+
+@dataclass
+class Snapshot(Progress):
+    """Everything a run needs to continue exactly where it stopped (Progress's fields first)."""
+
+    model_state: dict[str, torch.Tensor] = field(default_factory=dict)
     """Full model state dict, unprefixed parameter names."""
-    optimizer_state: dict[str, Any]
+    optimizer_state: dict[str, Any] = field(default_factory=dict)
     """Full optimizer state dict, keyed by parameter name."""
-    finished_epoch: int
-    scaler_state: dict[str, Any]
+    scaler_state: dict[str, Any] = field(default_factory=dict)
     """GradScaler state; empty when no scaler is in use."""
-    vocab: list[str]
+    rng_states: list[dict[str, Optional[torch.Tensor]]] = field(default_factory=list)
+    """Per rank: the CPU and (when used) CUDA generator states when the snapshot was taken."""
+    vocab: list[str] = field(default_factory=list)
     """Characters in token-id order."""
-    model_config: dict[str, Any]
+    model_config: dict[str, Any] = field(default_factory=dict)
     """The GPTConfig fields the model was built with."""
+
+    @property
+    def progress(self) -> Progress:
+        return Progress(**{f.name: getattr(self, f.name) for f in fields(Progress)})
 
     def check_matches(self, model_config: dict[str, Any], vocab: list[str], path: str) -> None:
         """Refuse a snapshot of another model shape or vocabulary, naming what differs."""
@@ -42,48 +75,105 @@ class Snapshot:
                   for k in shape_keys if self.model_config.get(k) != model_config[k]]
         if differ:
             raise SnapshotError(f"snapshot {path} is of another model: {', '.join(differ)}; set "
-                                "trainer_config.snapshot_path to a new file or match the model config")
+                                "trainer_config.snapshot_path to a new location or match the model config")
         if self.vocab != vocab:
             raise SnapshotError(f"snapshot {path} was trained on another vocabulary; set "
-                                "trainer_config.snapshot_path to a new file or use the snapshot's data")
+                                "trainer_config.snapshot_path to a new location or use the snapshot's data")
 
 
-def save_snapshot(snapshot: Snapshot, path: str) -> None:
+def write_snapshot(snapshot: Snapshot, path: str) -> None:
     """Write snapshot to path (local or any fsspec URL), replacing the old one only when complete."""
     fs, target = fsspec.core.url_to_fs(path)
-    parent = os.path.dirname(target)
     temporary = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
     try:
-        if parent:
-            fs.makedirs(parent, exist_ok=True)
+        fs.makedirs(fs._parent(target), exist_ok=True)
         with fs.open(temporary, "wb") as f:
             torch.save(asdict(snapshot), f)
             if isinstance(fs, LocalFileSystem):
                 f.flush()
                 os.fsync(f.fileno())  # the rename below must not expose unwritten blocks
         fs.mv(temporary, target)
-    except OSError as e:
-        if fs.exists(temporary):
-            fs.rm(temporary)
+    except Exception as e:  # a full disk, a lost connection, a revoked credential
+        _remove_quietly(fs, temporary)
         raise SnapshotError(f"could not write snapshot {path} ({short_reason(e)}); "
-                            "check trainer_config.snapshot_path and free space") from None
+                            "check trainer_config.snapshot_path, its credentials and free space") from None
 
 
-def load_snapshot(path: str) -> Optional[Snapshot]:
+def _remove_quietly(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    try:
+        if fs.exists(path):
+            fs.rm(path)
+    except Exception:  # the original error is the one to report
+        pass
+
+
+def read_snapshot(path: str) -> Optional[Snapshot]:
     """The snapshot at path, None if there is none; SnapshotError if it is not a usable one."""
     fs, target = fsspec.core.url_to_fs(path)
-    if not fs.exists(target):
-        return None
-    advice = "move it away or set trainer_config.snapshot_path to another file"
     try:
+        if not fs.exists(target):
+            return None
         with fs.open(target, "rb") as f:
             # Read whole, then parse: much faster than torch.load on a remote file object.
             buffer = io.BytesIO(f.read())
+    except Exception as e:
+        raise SnapshotError(f"cannot read snapshot {path} ({short_reason(e)}); check "
+                            "trainer_config.snapshot_path and its credentials") from None
+    try:
         state = torch.load(buffer, map_location="cpu", weights_only=True)
-    except Exception as e:  # any unreadable, corrupt or unsafe file is the same problem to the user
-        raise SnapshotError(f"snapshot {path} cannot be loaded ({short_reason(e)}); {advice}") from None
+    except Exception as e:  # corrupt, truncated, or a pickle that would run code: all refused
+        raise SnapshotError(f"snapshot {path} cannot be loaded ({short_reason(e)}); {_ADVICE}") from None
     expected = {f.name for f in fields(Snapshot)}
     if not isinstance(state, dict) or set(state) != expected:
         found = sorted(state) if isinstance(state, dict) else type(state).__name__
-        raise SnapshotError(f"snapshot {path} is not a minGPT-DDP snapshot (holds {found}); {advice}")
+        raise SnapshotError(f"snapshot {path} is not a minGPT-DDP snapshot (holds {found}); {_ADVICE}")
     return Snapshot(**state)
+
+
+class SnapshotStore:
+    """The snapshots of one run: a single file, or a folder keeping the newest few."""
+
+    def __init__(self, path: str, keep_last: int = 1):
+        self.path = path
+        self.keep_last = keep_last
+        self.is_folder = not path.endswith(".pt")
+
+    @property
+    def folder(self) -> str:
+        """Where snapshots (and the metrics beside them) live."""
+        return self.path.rstrip("/") if self.is_folder else parent_folder(self.path)
+
+    def save(self, snapshot: Snapshot) -> str:
+        """Write a new snapshot; in a folder, then drop all but the newest keep_last."""
+        if not self.is_folder:
+            write_snapshot(snapshot, self.path)
+            return self.path
+        target = f"{self.folder}/snapshot_{snapshot.step:09d}.pt"
+        write_snapshot(snapshot, target)
+        for old in self._entries()[: -self.keep_last]:
+            fs, old_path = fsspec.core.url_to_fs(old)
+            fs.rm(old_path)
+        return target
+
+    def latest(self) -> Optional[str]:
+        """Path of the newest complete snapshot, or None."""
+        if not self.is_folder:
+            return self.path
+        entries = self._entries()
+        return entries[-1] if entries else None
+
+    def load_latest(self) -> tuple[Optional[Snapshot], Optional[str]]:
+        path = self.latest()
+        return (read_snapshot(path), path) if path else (None, None)
+
+    def _entries(self) -> list[str]:
+        """Complete snapshots in the folder, oldest first (temporaries do not match the name)."""
+        fs, folder = fsspec.core.url_to_fs(self.folder)
+        try:
+            names = fs.ls(folder, detail=False) if fs.exists(folder) else []
+        except Exception as e:
+            raise SnapshotError(f"cannot list snapshots in {self.path} ({short_reason(e)}); check "
+                                "trainer_config.snapshot_path and its credentials") from None
+        steps = sorted((int(m.group(1)), name) for name in names if (m := _FOLDER_ENTRY.search(name)))
+        prefix = self.path.split("://")[0] + "://" if "://" in self.path else ""
+        return [prefix + name for _, name in steps]

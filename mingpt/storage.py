@@ -1,4 +1,5 @@
 """Where files go: local paths and fsspec URLs (s3://, gs://, memory://, ...) through one facade."""
+import posixpath
 import uuid
 
 import fsspec
@@ -13,19 +14,23 @@ def short_reason(error: Exception) -> str:
     return f"{type(error).__name__}: {first_line[:160]}"
 
 
-def check_writable(path: str, key: str) -> None:
-    """Fail at start-up, not after the first epoch, when path's folder cannot be written.
+def parent_folder(path: str) -> str:
+    """The folder (or bucket prefix) a file path or URL lies in: `s3://b/run/x.pt` -> `s3://b/run`."""
+    return posixpath.dirname(path.rstrip("/")) or "."
 
-    Writes and removes an empty object beside path; never touches path itself.
+
+def check_writable(folder: str, key: str) -> None:
+    """Fail at start-up, not after the first epoch, when folder cannot be written.
+
+    Writes and removes an empty object in it, so unreachable endpoints, missing buckets, bad
+    credentials and read-only disks all show before training starts.
     """
-    fs, target = fsspec.core.url_to_fs(path)
-    probe = f"{target}.write-test-{uuid.uuid4().hex[:8]}"
+    fs, target = fsspec.core.url_to_fs(folder)
+    probe = f"{target.rstrip('/')}/.write-test-{uuid.uuid4().hex[:8]}"
     try:
-        parent = fs._parent(target)
-        if parent:
-            fs.makedirs(parent, exist_ok=True)
+        fs.makedirs(target, exist_ok=True)
         fs.pipe_file(probe, b"")
         fs.rm(probe)
     except Exception as e:  # permissions, missing buckets, bad credentials: all the user's to fix
-        raise MinGPTError(f"{key}: cannot write to {path} ({short_reason(e)}); "
+        raise MinGPTError(f"{key}: cannot write to {folder} ({short_reason(e)}); "
                           f"choose a writable location for {key}") from None

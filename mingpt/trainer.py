@@ -2,7 +2,8 @@
 
 The model arrives unwrapped; the Trainer puts it on this rank's device, wraps it for the configured
 distributed method, and only then builds the optimizer (built earlier, FSDP would never update the
-sharded parameters).
+sharded parameters). Snapshots can also be taken every `save_every_steps` steps; a run resumed from
+any snapshot continues with the next unseen batch and replays the unbroken run exactly.
 """
 import contextlib
 from dataclasses import asdict, dataclass
@@ -10,10 +11,11 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import Dataset
 
+from data_loader import make_dataloader
 from errors import SnapshotError, check, check_positive
-from logger import log
+from logger import log, warn_once
 from metrics import MetricsLog, default_metrics_path
 from model import OptimizerConfig, create_optimizer
 from parallel import (
@@ -27,9 +29,9 @@ from parallel import (
     unwrap,
 )
 from precision import AMP_DTYPES, resolve_precision
-from process_group import DistEnv, all_reduce_sum
-from snapshot import Snapshot, load_snapshot, save_snapshot
-from storage import check_writable, short_reason
+from process_group import DistEnv, all_gather_objects, all_reduce_sum
+from snapshot import Progress, Snapshot, SnapshotStore
+from storage import check_writable, parent_folder, short_reason
 
 __all__ = ["Trainer", "TrainerConfig", "Snapshot"]
 
@@ -45,9 +47,13 @@ class TrainerConfig:
     """DataLoader worker processes per rank; 0 loads in the training process."""
     grad_norm_clip: float = 1.0
     snapshot_path: str = "gpt_snapshot.pt"
-    """Local path or fsspec URL; resumed from when it exists."""
+    """Local path or fsspec URL (s3://...). Ending in .pt: one file; otherwise a folder of them."""
     save_every: int = 3
     """Write a snapshot after every this many epochs."""
+    save_every_steps: int = 0
+    """Also write one every this many optimizer steps (0: only at epochs)."""
+    keep_last: int = 3
+    """Snapshot folders only: how many of the newest snapshots to keep."""
     use_amp: bool = True
     """Mixed precision: see amp_dtype, and precision.py for what each device does."""
     amp_dtype: str = "float16"
@@ -61,13 +67,14 @@ class TrainerConfig:
     log_every: int = 100
     """Log the loss every this many iterations."""
     metrics_path: Optional[str] = None
-    """JSON-lines metrics file (any fsspec path); default: beside the snapshot, *.metrics.jsonl."""
+    """JSON-lines metrics file (any fsspec path); default: beside the snapshot."""
 
     def __post_init__(self) -> None:
         check_positive(self, "trainer_config", "max_epochs", "batch_size", "save_every",
-                       "grad_norm_clip", "log_every")
-        check(self.data_loader_workers >= 0, "trainer_config.data_loader_workers",
-              f"must not be negative, got {self.data_loader_workers}")
+                       "grad_norm_clip", "log_every", "keep_last")
+        for key in ("data_loader_workers", "save_every_steps"):
+            value = getattr(self, key)
+            check(value >= 0, f"trainer_config.{key}", f"must not be negative, got {value}")
         check(bool(self.snapshot_path), "trainer_config.snapshot_path", "must not be empty")
         check(self.distributed_method in METHODS, "trainer_config.distributed_method",
               f"must be one of {', '.join(METHODS)}, got {self.distributed_method!r}")
@@ -75,6 +82,17 @@ class TrainerConfig:
               "offloads FSDP shards; set trainer_config.distributed_method=fsdp or cpu_offload=False")
         check(self.amp_dtype in AMP_DTYPES, "trainer_config.amp_dtype",
               f"must be one of {', '.join(AMP_DTYPES)}, got {self.amp_dtype!r}")
+
+
+def capture_rng(device: torch.device) -> dict[str, Optional[torch.Tensor]]:
+    return {"cpu": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def restore_rng(state: dict[str, Optional[torch.Tensor]], device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and state["cuda"] is not None:
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 class Trainer:
@@ -101,34 +119,32 @@ class Trainer:
         self.autocast = contextlib.nullcontext if computes_in_precision(self.model) else self.precision.autocast
         self.train_loader = self._dataloader(train_dataset, shuffle=True)
         self.test_loader = self._dataloader(test_dataset, shuffle=False) if test_dataset else None
+        self.snapshots = SnapshotStore(config.snapshot_path, config.keep_last)
         metrics_path = config.metrics_path or default_metrics_path(config.snapshot_path)
         if env.is_main:
-            check_writable(config.snapshot_path, "trainer_config.snapshot_path")
-            check_writable(metrics_path, "trainer_config.metrics_path")
+            check_writable(self.snapshots.folder, "trainer_config.snapshot_path")
+            check_writable(parent_folder(metrics_path), "trainer_config.metrics_path")
         self.metrics = MetricsLog(metrics_path, active=env.is_main)
-        self.epochs_run = self._load_snapshot()
-        self.metrics.start(resumed_epoch=self.epochs_run)
+        self.progress = Progress(world_size=env.world_size)
+        self._rng_to_restore: Optional[dict] = None
+        self._resume()
+        self.metrics.start(resumed_step=self.progress.step)
+
+    @property
+    def epochs_run(self) -> int:
+        return self.progress.finished_epoch
 
     def train(self) -> None:
-        for epoch in range(self.epochs_run + 1, self.config.max_epochs + 1):
+        for epoch in range(self.progress.finished_epoch + 1, self.config.max_epochs + 1):
             self._train_epoch(epoch)
             if epoch % self.config.save_every == 0:
-                self._save_snapshot(epoch)
+                self._save_snapshot(f"epoch {epoch}")
             if self.test_loader is not None:
                 self.evaluate(epoch)
 
-    def _dataloader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
-        workers = self.config.data_loader_workers
-        sampler = DistributedSampler(dataset, num_replicas=self.env.world_size, rank=self.env.rank,
-                                     shuffle=shuffle, seed=self.config.seed)
-        return DataLoader(
-            dataset,
-            batch_size=self.config.batch_size,
-            sampler=sampler,
-            num_workers=workers,
-            persistent_workers=workers > 0,  # forking new workers every epoch costs seconds
-            pin_memory=self.env.device.type == "cuda",
-        )
+    def _dataloader(self, dataset: Dataset, shuffle: bool):
+        return make_dataloader(dataset, self.config.batch_size, self.config.data_loader_workers,
+                               self.env, shuffle=shuffle, seed=self.config.seed)
 
     def _to_device(self, batch: list[torch.Tensor]) -> list[torch.Tensor]:
         return [t.to(self.env.device, non_blocking=True) for t in batch]
@@ -139,21 +155,39 @@ class Trainer:
             log.info(f"[GPU{self.env.rank}] Epoch {epoch} | Iter {iteration} | {kind} Loss {loss.item():.5f}")
             self.metrics.flush()
 
-    def _train_epoch(self, epoch: int) -> None:
-        self.model.train()
+    def _start_epoch(self, epoch: int) -> int:
+        """Set up the sampler and RNG for epoch; return the batch it starts at (0 unless resuming)."""
+        first_batch = self.progress.epoch_step
         sampler = self.train_loader.sampler
         sampler.set_epoch(epoch)
-        # Dropout differs per rank and per epoch, yet an epoch replays exactly after a resume.
-        torch.manual_seed(self.config.seed + MAX_RANKS * epoch + self.env.rank)
-        first_step = (epoch - 1) * len(self.train_loader)
-        for iteration, batch in enumerate(self.train_loader):
-            loss = self.train_step(*self._to_device(batch))
-            samples_seen = (epoch - 1) * sampler.total_size + min(
-                (iteration + 1) * self.config.batch_size, sampler.num_samples) * self.env.world_size
-            self.metrics.record("train", loss, epoch=epoch, iter=iteration, step=first_step + iteration + 1,
-                                tokens=samples_seen * self.block_size, lr=self.optimizer.param_groups[0]["lr"])
+        sampler.skip_next(first_batch * self.config.batch_size)
+        if self._rng_to_restore is not None:
+            restore_rng(self._rng_to_restore, self.env.device)
+            self._rng_to_restore = None
+        else:
+            # Dropout differs per rank and per epoch, yet an epoch replays exactly after a resume.
+            torch.manual_seed(self.config.seed + MAX_RANKS * epoch + self.env.rank)
+        return first_batch
+
+    def _train_epoch(self, epoch: int) -> None:
+        self.model.train()
+        first_batch = self._start_epoch(epoch)
+        for iteration, batch in enumerate(self.train_loader, start=first_batch):
+            inputs, targets = self._to_device(batch)
+            loss = self.train_step(inputs, targets)
+            self._advance(len(inputs))
+            self.metrics.record("train", loss, epoch=epoch, iter=iteration, step=self.progress.step,
+                                tokens=self.progress.tokens, lr=self.optimizer.param_groups[0]["lr"])
             self._log_loss("Train", epoch, iteration, loss)
+            if self.config.save_every_steps and self.progress.step % self.config.save_every_steps == 0:
+                self._save_snapshot(f"step {self.progress.step}")
+        self.progress.finished_epoch, self.progress.epoch_step = epoch, 0
         self.metrics.flush()
+
+    def _advance(self, batch_len: int) -> None:
+        self.progress.step += 1
+        self.progress.epoch_step += 1
+        self.progress.tokens += batch_len * self.env.world_size * self.block_size
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One optimizer step. The scaler is a no-op unless fp16 needs it."""
@@ -175,6 +209,7 @@ class Trainer:
         same count: up to world_size - 1 samples are counted twice.
         """
         self.model.eval()
+        self.test_loader.sampler.set_epoch(epoch)
         totals = torch.zeros(2, device=self.env.device)  # sum of sample losses, sample count
         for iteration, batch in enumerate(self.test_loader):
             inputs, targets = self._to_device(batch)
@@ -185,35 +220,38 @@ class Trainer:
             self._log_loss("Eval", epoch, iteration, loss)
         loss_sum, count = all_reduce_sum(totals)
         mean_loss = loss_sum / count
-        tokens = epoch * self.train_loader.sampler.total_size * self.block_size  # trained on so far
-        self.metrics.record("eval", mean_loss, epoch=epoch, tokens=tokens, samples=int(count))
+        self.metrics.record("eval", mean_loss, epoch=epoch, step=self.progress.step,
+                            tokens=self.progress.tokens, samples=int(count))
         self.metrics.flush()
         log.info(f"[GPU{self.env.rank}] Epoch {epoch} | Eval Loss {mean_loss.item():.5f} "
                  f"(mean over {int(count)} samples on {self.env.world_size} ranks)")
         self.model.train()
         return mean_loss.item()
 
-    def _save_snapshot(self, epoch: int) -> None:
+    def _save_snapshot(self, when: str) -> None:
+        """Every rank takes part (gathering state and RNG states); global rank 0 writes."""
         model_state, optimizer_state = gather_full_state(self.model, self.optimizer)
+        rng_states = all_gather_objects(capture_rng(self.env.device))
+        self.metrics.flush()  # the metrics file holds at least what the snapshot covers
         if self.env.is_main:
             snapshot = Snapshot(
+                **asdict(self.progress),
                 model_state=model_state,
                 optimizer_state=optimizer_state,
-                finished_epoch=epoch,
                 scaler_state=self.scaler.state_dict(),
+                rng_states=rng_states,
                 vocab=self.vocab,
                 model_config=asdict(unwrap(self.model).config),
             )
-            save_snapshot(snapshot, self.config.snapshot_path)
-            log.info(f"Snapshot saved at epoch {epoch}")
+            self.snapshots.save(snapshot)
+            log.info(f"Snapshot saved at {when}")
 
-    def _load_snapshot(self) -> int:
-        """Restore the snapshot if there is one; return the epoch it finished (0 if none)."""
-        path = self.config.snapshot_path
-        snapshot = load_snapshot(path)
+    def _resume(self) -> None:
+        """Restore the newest snapshot, if any, into the model, optimizer, scaler and progress."""
+        snapshot, path = self.snapshots.load_latest()
         if snapshot is None:
             log.info("Snapshot not found. Training model from scratch")
-            return 0
+            return
         snapshot.check_matches(asdict(unwrap(self.model).config), self.vocab, path)
         try:
             restore_full_state(self.model, self.optimizer, snapshot.model_state, snapshot.optimizer_state)
@@ -221,7 +259,25 @@ class Trainer:
                 self.scaler.load_state_dict(snapshot.scaler_state)
         except (RuntimeError, KeyError, ValueError) as e:
             raise SnapshotError(f"snapshot {path} does not fit this model and optimizer "
-                                f"({short_reason(e)}); "
-                                "set trainer_config.snapshot_path to a new file") from None
-        log.info(f"Resuming training from snapshot at Epoch {snapshot.finished_epoch}")
-        return snapshot.finished_epoch
+                                f"({short_reason(e)}); set trainer_config.snapshot_path to a new location") from None
+        self.progress = snapshot.progress
+        self._resume_position(snapshot)
+        where = f" (step {snapshot.step}, batch {snapshot.epoch_step} of epoch {snapshot.finished_epoch + 1})" \
+            if snapshot.epoch_step else ""
+        log.info(f"Resuming training from snapshot at Epoch {snapshot.finished_epoch}{where}")
+
+    def _resume_position(self, snapshot: Snapshot) -> None:
+        """Mid-epoch, continue with the next unseen batch and the RNG state of that moment.
+
+        Batch positions and RNG streams belong to the world size that saved them; at another world
+        size the interrupted epoch starts over instead.
+        """
+        if snapshot.epoch_step == 0:
+            return
+        if snapshot.world_size == self.env.world_size:
+            self._rng_to_restore = snapshot.rng_states[self.env.rank]
+            return
+        warn_once(f"snapshot taken mid-epoch by {snapshot.world_size} ranks, resumed by "
+                  f"{self.env.world_size}: epoch {snapshot.finished_epoch + 1} starts over")
+        self.progress.epoch_step = 0
+        self.progress.world_size = self.env.world_size

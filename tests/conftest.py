@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 from helpers import make_text
+from s3_server import S3Server, start_s3_server
 
 
 @pytest.fixture(scope="session")
@@ -12,3 +13,12 @@ def text_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("data") / "input.txt"
     path.write_text(make_text(6000))
     return path
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory) -> S3Server:
+    """A real S3 server (moto) on loopback with a bucket and one user; stopped after the tests."""
+    server, process = start_s3_server(tmp_path_factory.mktemp("s3") / "moto.log")
+    yield server
+    process.terminate()
+    process.wait(timeout=10)

@@ -7,15 +7,16 @@ import torch
 
 from errors import SnapshotError
 from helpers import sha256
-from snapshot import Snapshot, load_snapshot, save_snapshot
+from snapshot import Snapshot, SnapshotStore, read_snapshot, write_snapshot
 
 
-def snapshot(epoch: int = 1, n_layer: int = 2) -> Snapshot:
+def snapshot(epoch: int = 1, n_layer: int = 2, step: int = 10) -> Snapshot:
     return Snapshot(
+        finished_epoch=epoch,
+        step=step,
         model_state={"w": torch.full((3,), float(epoch))},
         optimizer_state={"state": {}, "param_groups": [{"lr": 0.1, "betas": (0.9, 0.95), "params": ["w"]}]},
-        finished_epoch=epoch,
-        scaler_state={},
+        rng_states=[{"cpu": torch.get_rng_state(), "cuda": None}],
         vocab=list("abc"),
         model_config={"n_layer": n_layer, "n_head": 2, "n_embd": 8, "vocab_size": 3, "block_size": 4},
     )
@@ -23,25 +24,25 @@ def snapshot(epoch: int = 1, n_layer: int = 2) -> Snapshot:
 
 def test_round_trip(tmp_path):
     path = str(tmp_path / "sub" / "snap.pt")  # the folder is created
-    save_snapshot(snapshot(2), path)
-    loaded = load_snapshot(path)
+    write_snapshot(snapshot(2), path)
+    loaded = read_snapshot(path)
     assert loaded.finished_epoch == 2 and loaded.vocab == list("abc")
     assert torch.equal(loaded.model_state["w"], torch.full((3,), 2.0))
     assert loaded.optimizer_state["param_groups"][0]["betas"] == (0.9, 0.95)
 
 
 def test_round_trip_through_an_fsspec_url():
-    save_snapshot(snapshot(4), "memory://bucket/snap.pt")
-    assert load_snapshot("memory://bucket/snap.pt").finished_epoch == 4
+    write_snapshot(snapshot(4), "memory://bucket/snap.pt")
+    assert read_snapshot("memory://bucket/snap.pt").finished_epoch == 4
 
 
 def test_missing_snapshot_is_none(tmp_path):
-    assert load_snapshot(str(tmp_path / "absent.pt")) is None
+    assert read_snapshot(str(tmp_path / "absent.pt")) is None
 
 
 def test_a_save_that_dies_half_way_leaves_the_previous_snapshot(tmp_path, monkeypatch):
     path = tmp_path / "snap.pt"
-    save_snapshot(snapshot(1), str(path))
+    write_snapshot(snapshot(1), str(path))
     before = sha256(path)
 
     def dies_half_way(obj, f):
@@ -50,11 +51,11 @@ def test_a_save_that_dies_half_way_leaves_the_previous_snapshot(tmp_path, monkey
 
     monkeypatch.setattr(torch, "save", dies_half_way)
     with pytest.raises(SnapshotError, match="could not write snapshot"):
-        save_snapshot(snapshot(2), str(path))
+        write_snapshot(snapshot(2), str(path))
     assert sha256(path) == before
     assert os.listdir(tmp_path) == ["snap.pt"]  # no temporary left behind
     monkeypatch.undo()
-    assert load_snapshot(str(path)).finished_epoch == 1
+    assert read_snapshot(str(path)).finished_epoch == 1
 
 
 @pytest.mark.parametrize("content", [b"", b"garbage bytes", b"PK\x03\x04truncated zip"])
@@ -62,7 +63,7 @@ def test_corrupt_snapshot_is_refused_and_untouched(tmp_path, content):
     path = tmp_path / "snap.pt"
     path.write_bytes(content)
     with pytest.raises(SnapshotError, match="cannot be loaded"):
-        load_snapshot(str(path))
+        read_snapshot(str(path))
     assert path.read_bytes() == content
 
 
@@ -78,7 +79,7 @@ def test_a_snapshot_that_would_run_code_is_refused_without_running_it(tmp_path):
     torch.save({**asdict(snapshot()), "model_state": _RunsCode()}, path, pickle_module=pickle)
     before = sha256(path)
     with pytest.raises(SnapshotError, match="cannot be loaded"):
-        load_snapshot(str(path))
+        read_snapshot(str(path))
     assert not marker.exists()
     assert sha256(path) == before
 
@@ -87,7 +88,7 @@ def test_a_file_that_is_not_a_snapshot_is_refused(tmp_path):
     path = tmp_path / "weights.pt"
     torch.save({"weights": torch.zeros(2)}, path)
     with pytest.raises(SnapshotError, match="not a minGPT-DDP snapshot"):
-        load_snapshot(str(path))
+        read_snapshot(str(path))
 
 
 def test_a_snapshot_of_another_model_or_vocabulary_is_refused():
@@ -98,3 +99,30 @@ def test_a_snapshot_of_another_model_or_vocabulary_is_refused():
         saved.check_matches({**config, "n_layer": 3}, list("abc"), "p")
     with pytest.raises(SnapshotError, match="another vocabulary"):
         saved.check_matches(config, list("abd"), "p")
+
+
+def test_folder_store_keeps_the_newest_and_resumes_from_the_newest(tmp_path):
+    store = SnapshotStore(str(tmp_path / "run"), keep_last=2)
+    assert store.is_folder and store.load_latest() == (None, None)
+    for step in (5, 10, 15):
+        store.save(snapshot(step=step))
+    (tmp_path / "run" / "snapshot_000000020.pt.tmp-1234abcd").write_bytes(b"an interrupted save")
+    assert sorted(p.name for p in (tmp_path / "run").glob("*.pt")) == ["snapshot_000000010.pt",
+                                                                        "snapshot_000000015.pt"]
+    latest, path = store.load_latest()
+    assert latest.step == 15 and path.endswith("snapshot_000000015.pt")
+
+
+def test_file_store_replaces_its_one_file(tmp_path):
+    store = SnapshotStore(str(tmp_path / "snap.pt"))
+    store.save(snapshot(step=1))
+    store.save(snapshot(step=2))
+    assert os.listdir(tmp_path) == ["snap.pt"] and store.load_latest()[0].step == 2
+
+
+def test_rng_states_and_progress_round_trip(tmp_path):
+    saved = snapshot(step=7)
+    write_snapshot(saved, str(tmp_path / "s.pt"))
+    loaded = read_snapshot(str(tmp_path / "s.pt"))
+    assert torch.equal(loaded.rng_states[0]["cpu"], saved.rng_states[0]["cpu"])
+    assert loaded.progress.step == 7 and loaded.progress.finished_epoch == 1

@@ -1,0 +1,158 @@
+"""Generate text with a trained snapshot: the prompt, then exactly --length new characters.
+
+    python mingpt/generate.py --snapshot gpt_snapshot.pt --prompt "ROMEO:" --length 500 \\
+        --temperature 0.8 --top-k 40 --seed 1337
+    python generate.py --snapshot s3://bucket/gpt_snapshot.pt     # inside mingpt/; any fsspec URL
+    python generate.py --snapshot s3://bucket/run/                 # a snapshot folder: its newest
+
+The snapshot alone rebuilds the model (its model_config) and decodes its output (its vocabulary),
+so no training config or data is needed. The same snapshot, prompt, settings, seed and device give
+the same text. --temperature 0 is greedy decoding (always the most likely character).
+Mistakes (a missing snapshot, a prompt character the model never saw, a bad option) are reported
+as one line on stderr, with exit status 1.
+"""
+import argparse
+import sys
+from typing import Optional
+
+import fsspec
+import torch
+
+from errors import MinGPTError, SnapshotError
+from model import GPT, GPTConfig
+from sampling import sample
+from snapshot import Snapshot, SnapshotStore, read_snapshot
+from storage import short_reason
+
+# The longest vocabulary an error message lists in full; larger ones are only counted.
+VOCAB_SHOWN_MAX = 120
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse whose mistakes are MinGPTErrors: one line and exit 1, like every other error here."""
+
+    def error(self, message: str) -> None:
+        raise MinGPTError(f"{message} (see --help)")
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    parser = OneLineArgumentParser(description="Generate text with a trained minGPT-DDP snapshot.")
+    parser.add_argument("--snapshot", default="gpt_snapshot.pt",
+                        help="snapshot file: a local path or any fsspec URL such as s3://bucket/gpt_snapshot.pt")
+    parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    parser.add_argument("--length", type=int, default=500, help="number of new characters (default 500)")
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="below 1 is more conservative, above 1 more random, 0 greedy (default 1.0)")
+    parser.add_argument("--top-k", type=int, default=None,
+                        help="draw only from the k most likely characters (default: all)")
+    parser.add_argument("--seed", type=int, default=1337, help="random seed (default 1337)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=default_device(),
+                        help="where to run (default: cuda if available, else cpu)")
+    args = parser.parse_args(argv)
+    check_args(args)
+    return args
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse values that argparse's types let through but that mean nothing."""
+    if args.length < 0:
+        raise MinGPTError(f"--length: must not be negative, got {args.length}")
+    if not args.temperature >= 0 or args.temperature == float("inf"):
+        raise MinGPTError(f"--temperature: must be 0 (greedy) or a positive number, got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise MinGPTError(f"--top-k: must be at least 1, got {args.top_k}")
+    if not -2**63 <= args.seed < 2**64:  # what torch.Generator.manual_seed accepts
+        raise MinGPTError(f"--seed: must fit in 64 bits, got {args.seed}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise MinGPTError("--device cuda: no CUDA device is available here; use --device cpu")
+
+
+def find_snapshot(path: str) -> tuple[Snapshot, str]:
+    """The snapshot at path (a snapshot file, or the newest in a snapshot folder) and its own path."""
+    try:
+        snapshot, found = load_file_or_newest(path)
+    except MinGPTError as e:
+        # snapshot.py's advice names the training option; here the same location is --snapshot.
+        raise SnapshotError(str(e).replace("trainer_config.snapshot_path", "--snapshot")) from None
+    except Exception as e:  # an unknown URL protocol, a missing fsspec backend, no credentials
+        raise SnapshotError(f"snapshot {path} cannot be reached ({short_reason(e)}); check --snapshot "
+                            "and its credentials") from None
+    if snapshot is None:
+        raise SnapshotError(f"no snapshot at {path} (a snapshot file, or a folder of snapshot_<step>.pt "
+                            "files); train one first (python mingpt/main.py) or pass --snapshot PATH")
+    return snapshot, found
+
+
+def load_file_or_newest(path: str) -> tuple[Optional[Snapshot], Optional[str]]:
+    """Any existing file is read as a snapshot whatever its name; otherwise the training layout
+    decides: a .pt path or a folder of snapshot_<step>.pt files."""
+    fs, target = fsspec.core.url_to_fs(path)
+    if fs.isfile(target):
+        return read_snapshot(path), path
+    return SnapshotStore(path).load_latest()
+
+
+def build_model(snapshot: Snapshot, path: str, device: torch.device) -> GPT:
+    """The GPT the snapshot was trained as, with its weights, in eval mode on device."""
+    try:
+        model = GPT(GPTConfig(**snapshot.model_config))
+        model.load_state_dict(snapshot.model_state)
+    except (TypeError, ValueError, RuntimeError) as e:  # a snapshot of another code version, or damaged
+        raise SnapshotError(f"snapshot {path} does not rebuild a model ({short_reason(e)}); "
+                            "was it written by another version of minGPT-DDP?") from None
+    if len(snapshot.vocab) != model.config.vocab_size:
+        raise SnapshotError(f"snapshot {path} has {len(snapshot.vocab)} vocabulary characters for a model "
+                            f"of vocab_size {model.config.vocab_size}; it is damaged")
+    return model.to(device).eval()
+
+
+def describe_vocab(vocab: list[str]) -> str:
+    if len(vocab) > VOCAB_SHOWN_MAX:
+        return f"{len(vocab)} characters"
+    return repr("".join(vocab))  # repr keeps the message on one line (newline shows as \n)
+
+
+def encode(prompt: str, vocab: list[str]) -> list[int]:
+    """Token ids of prompt; MinGPTError naming any character the model never saw."""
+    stoi = {ch: i for i, ch in enumerate(vocab)}
+    unknown = list(dict.fromkeys(ch for ch in prompt if ch not in stoi))  # unique, in prompt order
+    if unknown:
+        raise MinGPTError(
+            f"--prompt: {', '.join(map(repr, unknown))} not in the snapshot's vocabulary; use only "
+            f"characters of the text it was trained on: {describe_vocab(vocab)}")
+    if not prompt:
+        raise MinGPTError("--prompt: empty; give at least one character to continue from")
+    return [stoi[ch] for ch in prompt]
+
+
+def decode(ids: list[int], vocab: list[str]) -> str:
+    return "".join(vocab[i] for i in ids)
+
+
+def generate(args: argparse.Namespace) -> str:
+    """The prompt followed by args.length generated characters."""
+    snapshot, path = find_snapshot(args.snapshot)
+    device = torch.device(args.device)
+    prompt_ids = encode(args.prompt, snapshot.vocab)
+    model = build_model(snapshot, path, device)
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # (1, T)
+    out = sample(model, idx, args.length, args.temperature, args.top_k, generator)
+    return args.prompt + decode(out[0, len(prompt_ids):].tolist(), snapshot.vocab)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    try:
+        text = generate(parse_args(argv))
+    except MinGPTError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

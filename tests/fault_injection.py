@@ -1,0 +1,58 @@
+"""torchrun entry for the tests: mingpt/main.py with a SIGKILL planted at one point of training.
+
+    FAULT=step:37 FAULT_RANK=1 torchrun ... tests/fault_injection.py [hydra overrides]
+
+FAULT is `step:N` (after optimizer step N), `epoch_snapshot:E` (right after the snapshot of epoch
+E) or `eval:E` (as the eval pass of epoch E starts). The kill happens on FAULT_RANK (default 1),
+in torchrun's first attempt only, so that the restarted workers can finish.
+"""
+import os
+import runpy
+import signal
+import sys
+from pathlib import Path
+
+MINGPT = Path(__file__).resolve().parent.parent / "mingpt"
+sys.path.insert(0, str(MINGPT))
+
+from trainer import Trainer  # noqa: E402  (the module main.py will import, patched below)
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_after(method_name: str, should_die) -> None:
+    """Wrap Trainer.<method_name> so that the process dies once should_die(trainer, args) holds."""
+    original = getattr(Trainer, method_name)
+
+    def wrapped(self, *args, **kwargs):
+        if method_name == "evaluate" and should_die(self, args):
+            die()
+        result = original(self, *args, **kwargs)
+        if should_die(self, args):
+            die()
+        return result
+
+    setattr(Trainer, method_name, wrapped)
+
+
+def plant(fault: str) -> None:
+    kind, value = fault.split(":")
+    number = int(value)
+    if kind == "step":
+        kill_after("_advance", lambda trainer, args: trainer.progress.step == number)
+    elif kind == "epoch_snapshot":
+        kill_after("_save_snapshot", lambda trainer, args: args[0] == f"epoch {number}")
+    elif kind == "eval":
+        kill_after("evaluate", lambda trainer, args: args[0] == number)
+    else:
+        raise ValueError(f"unknown FAULT {fault!r}")
+
+
+if __name__ == "__main__":
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    if "FAULT" in os.environ and first_attempt and os.environ["RANK"] == os.environ.get("FAULT_RANK", "1"):
+        plant(os.environ["FAULT"])
+    # As a script, so that Hydra finds its config beside main.py.
+    runpy.run_path(str(MINGPT / "main.py"), run_name="__main__")
