@@ -2,33 +2,120 @@
 # Multi-node training under Slurm: one `torchrun` per node, c10d rendezvous at the head node.
 #
 #   sbatch slurm/sbatch_run.sh [hydra overrides ...]
-#   sbatch --nodes=4 slurm/sbatch_run.sh trainer_config.snapshot_path=s3://bucket/gpt_snapshot.pt
+#   sbatch --nodes=4 --gpus-per-node=8 --cpus-per-task=48 slurm/sbatch_run.sh \
+#       trainer_config.snapshot_path=s3://bucket/gpt_snapshot.pt
 #
-# Processes per node: GPUS_PER_NODE (default: the GPUs Slurm gave the job, else CPU_WORKERS=1).
-# Request GPUs at submission (`sbatch --gpus-per-node=8 ...`) only on nodes that have them:
-# Slurm rejects a GPU request on a node without GPUs.
+# Options given to sbatch override the #SBATCH defaults below. No GPU is requested here: Slurm
+# rejects a GPU request on nodes that have none, so ask for GPUs when you submit
+# (`--gpus-per-node=8`, or `export SBATCH_GPUS_PER_NODE=8`).
+#
+# sbatch passes the submitting environment to the job, so submit from the environment that trains
+# (an activated venv puts its `torchrun` on PATH). These variables tune the run:
+#   NPROC_PER_NODE  training processes per node (default: the GPUs Slurm gave each node, else 1)
+#   MAX_RESTARTS    times torchrun restarts every node's workers after a failure (default 3)
+#   RDZV_PORT       rendezvous port on the head node (default 29500 + job id % 1000, so that jobs
+#                   sharing a head node do not collide)
+#   RDZV_HOST       the head node's address, when `hostname --ip-address` there gives the wrong one
+#   TORCHRUN        the torchrun executable (default: `torchrun` on PATH, else the repo's .venv)
+#   MINGPT_REPO     the repository (default: the one this script was submitted from)
+#
+# A training process that dies is restarted, with every other one, by torchrun (up to MAX_RESTARTS
+# times) and resumes from the last snapshot. A node that dies ends the job; submit it again (or
+# submit with --requeue) and it resumes from the snapshot, so keep the snapshot on storage every
+# node shares (a shared file system or s3://).
+#
+# One task per node: each task is a torchrun that starts NPROC_PER_NODE workers, so
+# --ntasks-per-node must stay 1; --cpus-per-task is the CPUs of that node's torchrun and workers.
 #SBATCH --job-name=mingpt-ddp
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
-#SBATCH --cpus-per-task=2
+#SBATCH --cpus-per-task=4
 #SBATCH --output=slurm-%j.out
 
 set -euo pipefail
 
-nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
-head_node=$(echo "$nodes" | head -n 1)
-head_node_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address | awk '{print $1}')
-gpus=${SLURM_GPUS_ON_NODE:-0}
-nproc_per_node=${GPUS_PER_NODE:-$([ "$gpus" -gt 0 ] && echo "$gpus" || echo "${CPU_WORKERS:-1}")}
-repo=${MINGPT_REPO:-${SLURM_SUBMIT_DIR:-$PWD}}
+fail() {
+    echo "sbatch_run.sh: error: $*" >&2
+    exit 1
+}
 
-echo "nodes: $(echo $nodes) | head: $head_node ($head_node_ip) | processes per node: $nproc_per_node"
+[ -n "${SLURM_JOB_ID:-}" ] || fail "not inside a Slurm job; submit it with: sbatch $0 [overrides]"
 
-srun torchrun \
-    --nnodes "$SLURM_NNODES" \
+# sbatch runs a copy of this script from its spool directory, so $0 does not lead to the repo.
+# Slurm remembers the submitted script's path; fall back to the submission directory.
+find_repo() {
+    if [ -n "${MINGPT_REPO:-}" ]; then
+        echo "$MINGPT_REPO"
+        return
+    fi
+    local script
+    script=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *Command=\([^ ]*\).*/\1/p' | head -n 1)
+    if [ -n "$script" ] && [ -f "$(dirname "$script")/../mingpt/main.py" ]; then
+        (cd "$(dirname "$script")/.." && pwd)
+    else
+        echo "${SLURM_SUBMIT_DIR:-$PWD}"
+    fi
+}
+repo=$(find_repo)
+main_py="$repo/mingpt/main.py"
+[ -f "$main_py" ] || fail "no mingpt/main.py under $repo; set MINGPT_REPO to the repository"
+
+# torchrun must be the one of the environment that has torch and the project's requirements.
+if [ -n "${TORCHRUN:-}" ]; then
+    torchrun=$TORCHRUN
+elif command -v torchrun >/dev/null; then
+    torchrun=$(command -v torchrun)
+elif [ -x "$repo/.venv/bin/torchrun" ]; then
+    torchrun="$repo/.venv/bin/torchrun"
+else
+    fail "no torchrun: activate the environment with torch before sbatch, or set TORCHRUN"
+fi
+
+# The first node of the allocation hosts the rendezvous; every node's torchrun meets there.
+mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+head_node=${nodes[0]}
+head_node_ip=${RDZV_HOST:-$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address | awk '{print $1}')}
+rdzv_port=${RDZV_PORT:-$((29500 + SLURM_JOB_ID % 1000))}
+# Unique per job, and per requeue of it, so that a rendezvous never joins a stale one.
+rdzv_id="mingpt-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"
+
+gpus_per_node=${SLURM_GPUS_ON_NODE:-0}
+if [ -n "${NPROC_PER_NODE:-}" ]; then
+    nproc_per_node=$NPROC_PER_NODE
+elif [ "$gpus_per_node" -gt 0 ]; then
+    nproc_per_node=$gpus_per_node
+else
+    nproc_per_node=1
+fi
+
+# Slurm 22.05's srun does not inherit --cpus-per-task from the batch job: pass it on. Without a
+# thread count, each CPU worker would use every core of the node, not its share of the allocation.
+cpus_per_task=${SLURM_CPUS_PER_TASK:-1}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( cpus_per_task / nproc_per_node > 0 ? cpus_per_task / nproc_per_node : 1 ))}
+
+echo "[mingpt-ddp] job $SLURM_JOB_ID: ${#nodes[@]} node(s) (${nodes[*]}), $nproc_per_node process(es) per node," \
+     "$cpus_per_task CPU(s) and $gpus_per_node GPU(s) per node; rendezvous $rdzv_id at $head_node_ip:$rdzv_port"
+echo "[mingpt-ddp] $main_py with $torchrun"
+
+# Runs once on every node (one task per node): a line to say the node took part, then its
+# torchrun, then a line with how torchrun ended there.
+node_main() {
+    local status=0
+    echo "[mingpt-ddp] node $SLURMD_NODENAME ($(hostname)): node rank $SLURM_NODEID of $SLURM_NNODES starting torchrun"
+    "$@" || status=$?
+    echo "[mingpt-ddp] node $SLURMD_NODENAME: torchrun exited with status $status"
+    return "$status"
+}
+
+# --kill-on-bad-exit: when one node's torchrun gives up, stop the others rather than leave them
+# waiting for a rendezvous that will never complete.
+srun --nodes="${#nodes[@]}" --ntasks-per-node=1 --cpus-per-task="$cpus_per_task" --kill-on-bad-exit=1 \
+    bash -c "$(declare -f node_main); node_main \"\$@\"" node_main \
+    "$torchrun" \
+    --nnodes "${#nodes[@]}" \
     --nproc_per_node "$nproc_per_node" \
-    --rdzv_id "$SLURM_JOB_ID" \
+    --rdzv_id "$rdzv_id" \
     --rdzv_backend c10d \
-    --rdzv_endpoint "$head_node_ip:${RDZV_PORT:-29500}" \
+    --rdzv_endpoint "$head_node_ip:$rdzv_port" \
     --max-restarts "${MAX_RESTARTS:-3}" \
-    "$repo/mingpt/main.py" "$@"
+    "$main_py" "$@"
