@@ -11,6 +11,8 @@ import fsspec
 import torch
 from fsspec.implementations.local import LocalFileSystem
 
+from storage import make_folder
+
 
 def default_metrics_path(snapshot_path: str) -> str:
     """Beside the snapshot: `gpt_snapshot.pt` -> `gpt_snapshot.metrics.jsonl`; a snapshot folder
@@ -54,7 +56,7 @@ class MetricsLog:
     def _write(self, text: str, append: bool) -> None:
         fs, path = fsspec.core.url_to_fs(self.path)
         if isinstance(fs, LocalFileSystem):
-            fs.makedirs(fs._parent(path), exist_ok=True)
+            make_folder(fs, fs._parent(path))
             with open(path, "a" if append else "w") as f:
                 f.write(text)
             return

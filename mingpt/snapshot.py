@@ -26,7 +26,7 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 
 from errors import SnapshotError
-from storage import parent_folder, short_reason
+from storage import make_folder, parent_folder, short_reason
 
 _ADVICE = "move it away or set trainer_config.snapshot_path to another location"
 _FOLDER_ENTRY = re.compile(r"snapshot_(\d+)\.pt$")
@@ -86,7 +86,7 @@ def write_snapshot(snapshot: Snapshot, path: str) -> None:
     fs, target = fsspec.core.url_to_fs(path)
     temporary = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
     try:
-        fs.makedirs(fs._parent(target), exist_ok=True)
+        make_folder(fs, fs._parent(target))
         with fs.open(temporary, "wb") as f:
             torch.save(asdict(snapshot), f)
             if isinstance(fs, LocalFileSystem):

@@ -3,6 +3,7 @@ import posixpath
 import uuid
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
 from errors import MinGPTError
 
@@ -12,6 +13,13 @@ def short_reason(error: Exception) -> str:
     text = str(error).strip()
     first_line = text.splitlines()[0] if text else ""
     return f"{type(error).__name__}: {first_line[:160]}"
+
+
+def make_folder(fs: fsspec.AbstractFileSystem, folder: str) -> None:
+    """Create a local folder. Object stores have no folders, and s3fs's makedirs would create a
+    missing *bucket*: a typo in a bucket name must fail, not make a new bucket."""
+    if isinstance(fs, LocalFileSystem):
+        fs.makedirs(folder, exist_ok=True)
 
 
 def parent_folder(path: str) -> str:
@@ -28,7 +36,7 @@ def check_writable(folder: str, key: str) -> None:
     fs, target = fsspec.core.url_to_fs(folder)
     probe = f"{target.rstrip('/')}/.write-test-{uuid.uuid4().hex[:8]}"
     try:
-        fs.makedirs(target, exist_ok=True)
+        make_folder(fs, target)
         fs.pipe_file(probe, b"")
         fs.rm(probe)
     except Exception as e:  # permissions, missing buckets, bad credentials: all the user's to fix

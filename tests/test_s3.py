@@ -1,0 +1,80 @@
+"""Snapshots on S3: a real S3 server (moto) on loopback, reached through s3fs and the standard
+AWS environment variables, exactly as a user would point the trainer at a bucket."""
+import io
+import os
+
+import fsspec
+import pytest
+import torch
+
+from helpers import assert_ok, run_main, tiny_overrides
+from test_fault_tolerance import kill_mid_save
+from test_main import one_error_line
+
+
+@pytest.fixture
+def s3_fs(s3, monkeypatch):
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+    return fsspec.filesystem("s3", skip_instance_cache=True)
+
+
+def load_object(fs, key):
+    return torch.load(io.BytesIO(fs.cat_file(key)), weights_only=True)
+
+
+def folder_names(fs, folder):
+    return sorted(path.rsplit("/", 1)[-1] for path in fs.ls(folder))
+
+
+def test_one_process_saves_to_and_resumes_from_s3(text_file, s3, s3_fs):
+    url = f"s3://{s3.bucket}/single/snap.pt"
+    assert_ok(run_main(tiny_overrides(text_file, url), env=s3.env()))
+    assert load_object(s3_fs, url)["finished_epoch"] == 1
+    assert s3_fs.exists(f"{s3.bucket}/single/snap.metrics.jsonl")
+    second = run_main(tiny_overrides(text_file, url, trainer_config__max_epochs=2), env=s3.env())
+    assert_ok(second)
+    assert "Resuming training from snapshot at Epoch 1" in second.stdout
+    assert load_object(s3_fs, url)["finished_epoch"] == 2
+
+
+def test_two_processes_keep_the_newest_step_snapshots_in_an_s3_folder(text_file, s3, s3_fs):
+    folder = f"s3://{s3.bucket}/folder/"
+    overrides = tiny_overrides(text_file, folder, trainer_config__save_every_steps=20,
+                               trainer_config__keep_last=2)
+    first = run_main(overrides, nproc=2, env=s3.env())
+    assert_ok(first)
+    # 85 steps: snapshots at steps 20, 40, 60, 80 and 85 (the epoch); the newest two are kept.
+    assert folder_names(s3_fs, f"{s3.bucket}/folder") == ["metrics.jsonl", "snapshot_000000080.pt",
+                                                          "snapshot_000000085.pt"]
+    resumed = run_main([*overrides, "trainer_config.max_epochs=2"], nproc=2, env=s3.env())
+    assert_ok(resumed)
+    assert "Resuming training from snapshot at Epoch 1" in resumed.stdout
+    s3_fs.invalidate_cache()  # the listing above is cached
+    assert folder_names(s3_fs, f"{s3.bucket}/folder") == ["metrics.jsonl", "snapshot_000000160.pt",
+                                                          "snapshot_000000170.pt"]
+    assert load_object(s3_fs, f"{s3.bucket}/folder/snapshot_000000170.pt")["finished_epoch"] == 2
+
+
+def test_an_upload_killed_half_way_keeps_the_previous_snapshot(s3, s3_fs):
+    from snapshot import Snapshot, read_snapshot, write_snapshot
+
+    url = f"s3://{s3.bucket}/killed/snap.pt"
+    write_snapshot(Snapshot(step=1), url)
+    before = s3_fs.cat_file(url)
+    kill_mid_save(url, env={**os.environ, **s3.env()})
+    assert s3_fs.cat_file(url) == before
+    assert read_snapshot(url).step == 1
+
+
+@pytest.mark.parametrize("case, env_overrides, path", [
+    ("missing bucket", {}, "s3://no-such-bucket/snap.pt"),
+    ("wrong credentials", {"AWS_SECRET_ACCESS_KEY": "wrong"}, None),
+    ("unreachable endpoint", {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, None),
+])
+def test_unusable_s3_fails_before_training(text_file, s3, case, env_overrides, path):
+    url = path or f"s3://{s3.bucket}/refused/snap.pt"
+    result = run_main(tiny_overrides(text_file, url), env=s3.env(**env_overrides))
+    line = one_error_line(result)
+    assert line.startswith("error: trainer_config.snapshot_path: cannot write to"), case
+    assert "Epoch 1 |" not in result.stdout
