@@ -93,6 +93,11 @@ fi
 cpus_per_task=${SLURM_CPUS_PER_TASK:-1}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( cpus_per_task / nproc_per_node > 0 ? cpus_per_task / nproc_per_node : 1 ))}
 
+# Restarts (MAX_RESTARTS) are unreliable when the workers share the rendezvous's TCP store: a
+# restarted group often fails with "Gloo connectFullMesh failed" (pytorch issues 135712, 167288).
+# With their own store they restart cleanly.
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}
+
 echo "[mingpt-ddp] job $SLURM_JOB_ID: ${#nodes[@]} node(s) (${nodes[*]}), $nproc_per_node process(es) per node," \
      "$cpus_per_task CPU(s) and $gpus_per_node GPU(s) per node; rendezvous $rdzv_id at $head_node_ip:$rdzv_port"
 echo "[mingpt-ddp] $main_py with $torchrun"
