@@ -21,7 +21,7 @@ from char_dataset import REPO_ROOT, CharDataset, DataConfig, ensure_default_corp
 from errors import MinGPTError, check
 from logger import configure_logging, log
 from model import GPT, GPTConfig, OptimizerConfig
-from parallel import local_parameter_bytes
+from parallel import local_parameter_bytes, unwrap
 from process_group import DistEnv, barrier, distributed_session
 from trainer import Trainer, TrainerConfig
 
@@ -71,14 +71,32 @@ def build_and_train(config: TrainConfig, env: DistEnv) -> None:
     model = GPT(gpt_config)
     trainer = Trainer(config.trainer_config, model, config.optimizer_config,
                       train_set, test_set, dataset.vocab, env)
-    log.info(
-        f"Training {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters with "
-        f"{config.trainer_config.distributed_method} on {env.world_size} process(es) "
-        f"({env.backend}, {env.device.type}), {trainer.precision}, "
-        f"{local_parameter_bytes(trainer.model) / 1e6:.1f} MB of parameters per rank; "
-        f"{len(train_set)} train and {len(test_set)} test samples"
-    )
+    for line in startup_summary(config, env, dataset, train_set, test_set, trainer):
+        log.info(line)
     trainer.train()
+
+
+def startup_summary(config: TrainConfig, env: DistEnv, dataset: CharDataset, train_set, test_set,
+                    trainer: Trainer) -> list[str]:
+    """What is about to run, as the person who started it needs to check it."""
+    gpt, tc, data = unwrap(trainer.model).config, config.trainer_config, config.data_config
+    params = sum(p.numel() for p in trainer.model.parameters())
+    tokens_per_step = tc.batch_size * env.world_size * dataset.block_size
+    resume = (f"resuming after epoch {trainer.progress.finished_epoch}, step {trainer.progress.step}"
+              if trainer.progress.step else "starting from scratch")
+    return [
+        f"Model: GPT {params / 1e6:.2f}M parameters ({gpt.n_layer} layers, {gpt.n_head} heads, "
+        f"{gpt.n_embd} wide, block {gpt.block_size})",
+        f"World: {env.world_size} process(es) on {env.num_nodes} node(s), {env.backend} on "
+        f"{env.device.type}; {tc.distributed_method}{' with CPU offload' if tc.cpu_offload else ''}; "
+        f"{trainer.precision}; {local_parameter_bytes(trainer.model) / 1e6:.1f} MB of parameters per rank",
+        f"Batch: {tc.batch_size} per process, {tokens_per_step:,} tokens per step, "
+        f"{trainer.steps_per_epoch} steps per epoch, {tc.max_epochs} epochs",
+        f"Data: {data.path}, {len(dataset.data):,} characters, vocabulary of {dataset.vocab_size}; "
+        f"{len(train_set):,} train and {len(test_set):,} test samples ({data.split} split)",
+        f"Snapshots: {tc.snapshot_path} every {tc.save_every} epoch(s)"
+        f"{f' and {tc.save_every_steps} steps' if tc.save_every_steps else ''}; {resume}",
+    ]
 
 
 def report_error(error: MinGPTError) -> None:

@@ -1,6 +1,7 @@
 """Training metrics as JSON lines, kept by global rank 0 beside the snapshot (any fsspec path).
 
-One line per training step (epoch, iter, step, tokens, loss, lr) and one per eval pass. Step losses
+One line per training step (epoch, iter, step, tokens, loss, lr, tokens_per_s: the throughput of
+the latest progress window) and one per eval pass; optionally the same as TensorBoard scalars. Step losses
 stay on the device until flush(), which the trainer calls at log time: recording a step costs no
 host-device synchronisation.
 """
@@ -23,10 +24,15 @@ def default_metrics_path(snapshot_path: str) -> str:
 
 
 class MetricsLog:
-    def __init__(self, path: str, active: bool):
+    def __init__(self, path: str, active: bool, tensorboard_dir: Optional[str] = None):
         self.path = path
         self.active = active
         self._pending: list[dict[str, Any]] = []
+        self._tensorboard = None
+        if active and tensorboard_dir:
+            from torch.utils.tensorboard import SummaryWriter  # only when asked: pulls in tensorboard
+
+            self._tensorboard = SummaryWriter(tensorboard_dir)
 
     def start(self, resumed_step: int) -> None:
         """Keep the lines of the steps a snapshot holds; drop any written after it (or all)."""
@@ -43,9 +49,25 @@ class MetricsLog:
         if not self._pending:
             return
         values = torch.stack([line["loss"].float() for line in self._pending]).tolist()  # one sync
-        text = "".join(json.dumps({**line, "loss": value}) + "\n" for line, value in zip(self._pending, values))
+        lines = [{**line, "loss": value} for line, value in zip(self._pending, values)]
         self._pending.clear()
-        self._write(text, append=True)
+        self._write("".join(json.dumps(line) + "\n" for line in lines), append=True)
+        if self._tensorboard is not None:
+            self._add_scalars(lines)
+
+    def _add_scalars(self, lines: list[dict[str, Any]]) -> None:
+        for line in lines:
+            self._tensorboard.add_scalar(f"{line['kind']}/loss", line["loss"], line["step"])
+            if line["kind"] == "train":
+                self._tensorboard.add_scalar("train/lr", line["lr"], line["step"])
+                if line.get("tokens_per_s"):
+                    self._tensorboard.add_scalar("train/tokens_per_s", line["tokens_per_s"], line["step"])
+        self._tensorboard.flush()
+
+    def close(self) -> None:
+        self.flush()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
 
     def _read(self) -> list[dict[str, Any]]:
         fs, path = fsspec.core.url_to_fs(self.path)

@@ -15,9 +15,11 @@ from torch.utils.data import Dataset
 
 from data_loader import make_dataloader
 from errors import SnapshotError, check, check_positive
-from logger import log, warn_once
+from flops import peak_flops
+from logger import clear_status, log, warn_once
 from metrics import MetricsLog, default_metrics_path
 from model import OptimizerConfig, create_optimizer
+from monitor import TrainingMonitor
 from parallel import (
     METHODS,
     Parallelism,
@@ -68,10 +70,14 @@ class TrainerConfig:
     """Log the loss every this many iterations."""
     metrics_path: Optional[str] = None
     """JSON-lines metrics file (any fsspec path); default: beside the snapshot."""
+    tensorboard_dir: Optional[str] = None
+    """Also write the metrics as TensorBoard scalars into this folder (local or fsspec)."""
+    progress_interval_s: float = 30.0
+    """Seconds between progress lines (tokens/s, MFU, ETA); a terminal gets a live bar instead."""
 
     def __post_init__(self) -> None:
         check_positive(self, "trainer_config", "max_epochs", "batch_size", "save_every",
-                       "grad_norm_clip", "log_every", "keep_last")
+                       "grad_norm_clip", "log_every", "keep_last", "progress_interval_s")
         for key in ("data_loader_workers", "save_every_steps"):
             value = getattr(self, key)
             check(value >= 0, f"trainer_config.{key}", f"must not be negative, got {value}")
@@ -124,11 +130,20 @@ class Trainer:
         if env.is_main:
             check_writable(self.snapshots.folder, "trainer_config.snapshot_path")
             check_writable(parent_folder(metrics_path), "trainer_config.metrics_path")
-        self.metrics = MetricsLog(metrics_path, active=env.is_main)
+        self.metrics = MetricsLog(metrics_path, active=env.is_main, tensorboard_dir=config.tensorboard_dir)
         self.progress = Progress(world_size=env.world_size)
         self._rng_to_restore: Optional[dict] = None
         self._resume()
         self.metrics.start(resumed_step=self.progress.step)
+        self.steps_per_epoch = len(self.train_loader)
+        self.monitor = TrainingMonitor(
+            flops_per_token=unwrap(self.model).flops_per_token(),
+            peak_flops=peak_flops(env.device) if env.is_main else None,
+            total_steps=config.max_epochs * self.steps_per_epoch,
+            max_epochs=config.max_epochs,
+            interval_s=config.progress_interval_s,
+            active=env.is_main,
+        )
 
     @property
     def epochs_run(self) -> int:
@@ -141,6 +156,8 @@ class Trainer:
                 self._save_snapshot(f"epoch {epoch}")
             if self.test_loader is not None:
                 self.evaluate(epoch)
+        clear_status()
+        self.metrics.close()
 
     def _dataloader(self, dataset: Dataset, shuffle: bool):
         return make_dataloader(dataset, self.config.batch_size, self.config.data_loader_workers,
@@ -172,12 +189,15 @@ class Trainer:
     def _train_epoch(self, epoch: int) -> None:
         self.model.train()
         first_batch = self._start_epoch(epoch)
+        self.monitor.restart_window(self.progress.step, self.progress.tokens)
         for iteration, batch in enumerate(self.train_loader, start=first_batch):
             inputs, targets = self._to_device(batch)
             loss = self.train_step(inputs, targets)
             self._advance(len(inputs))
+            self.monitor.update(epoch, self.progress.step, self.progress.tokens, loss)
             self.metrics.record("train", loss, epoch=epoch, iter=iteration, step=self.progress.step,
-                                tokens=self.progress.tokens, lr=self.optimizer.param_groups[0]["lr"])
+                                tokens=self.progress.tokens, lr=self.optimizer.param_groups[0]["lr"],
+                                tokens_per_s=self.monitor.tokens_per_s)
             self._log_loss("Train", epoch, iteration, loss)
             if self.config.save_every_steps and self.progress.step % self.config.save_every_steps == 0:
                 self._save_snapshot(f"step {self.progress.step}")

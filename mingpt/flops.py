@@ -1,0 +1,65 @@
+"""The peak a device could reach, for model FLOPs utilisation (MFU): achieved FLOP/s / peak.
+
+GPUs: the datasheet's dense bf16 tensor-core peak (the convention MFU figures are quoted in).
+CPUs: no datasheet figure fits a laptop, so the fp32 matmul rate is measured at the thread count
+training uses; it is the most a matmul-bound model can reach there.
+"""
+import time
+from functools import lru_cache
+from typing import Optional
+
+import torch
+
+# Dense bf16 TFLOP/s, matched in order against torch.cuda.get_device_name().
+GPU_BF16_PEAK_TFLOPS = (
+    ("H100 PCIe", 756.0),
+    ("H100 NVL", 835.0),
+    ("H100", 989.0),  # SXM, also reported as "H100 80GB HBM3"
+    ("H200", 989.0),
+    ("GH200", 989.0),
+    ("B200", 2250.0),
+    ("A100", 312.0),
+    ("A10G", 125.0),
+    ("L4", 121.0),
+    ("L40S", 362.0),
+    ("RTX 4090", 165.0),
+    ("V100", 125.0),
+)
+CPU_MATMUL_SIZES = (1024, 2048)
+
+
+def gpu_peak_flops(device: torch.device) -> Optional[float]:
+    name = torch.cuda.get_device_name(device)
+    for fragment, tflops in GPU_BF16_PEAK_TFLOPS:
+        if fragment in name:
+            return tflops * 1e12
+    return None
+
+
+def measure_matmul_flops(dtype: torch.dtype = torch.float32, device: str = "cpu",
+                         sizes: tuple[int, ...] = CPU_MATMUL_SIZES, repeats: int = 3) -> float:
+    """Best FLOP/s of square matmuls over a few sizes, at the current torch thread count."""
+    best = 0.0
+    for n in sizes:
+        a = torch.randn(n, n, dtype=dtype, device=device)
+        b = torch.randn(n, n, dtype=dtype, device=device)
+        a @ b  # warm up kernels and caches
+        for _ in range(repeats):
+            if device != "cpu":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            a @ b
+            if device != "cpu":
+                torch.cuda.synchronize()
+            best = max(best, 2 * n**3 / (time.perf_counter() - start))
+    return best
+
+
+@lru_cache(maxsize=None)
+def peak_flops(device: torch.device) -> Optional[float]:
+    """FLOP/s to measure MFU against on this device (None when unknown)."""
+    if device.type == "cuda":
+        return gpu_peak_flops(device)
+    if device.type == "cpu":
+        return measure_matmul_flops()
+    return None

@@ -1,0 +1,63 @@
+"""Progress as it happens, on global rank 0: epoch, step, loss, tokens/s, MFU and ETA.
+
+Rate-limited: a report waits for the device (it reads the loss), so it comes at most every
+`interval_s` seconds (every second as a progress bar on a terminal), never every step.
+"""
+import datetime
+import time
+from typing import Optional
+
+import torch
+
+from logger import on_terminal, show_status
+
+BAR_WIDTH = 20
+TERMINAL_INTERVAL_S = 1.0
+
+
+def format_eta(seconds: float) -> str:
+    return str(datetime.timedelta(seconds=int(seconds)))
+
+
+class TrainingMonitor:
+    def __init__(self, flops_per_token: int, peak_flops: Optional[float], total_steps: int,
+                 max_epochs: int, interval_s: float, active: bool):
+        self.flops_per_token = flops_per_token
+        self.peak_flops = peak_flops
+        self.total_steps = total_steps
+        self.max_epochs = max_epochs
+        self.interval_s = TERMINAL_INTERVAL_S if on_terminal() else interval_s
+        self.active = active
+        self.tokens_per_s: Optional[float] = None
+        """Throughput over the latest report window."""
+        self._window = (time.monotonic(), 0, 0)  # start time, step, tokens
+
+    def restart_window(self, step: int, tokens: int) -> None:
+        """Measure from here: call after anything that is not training (eval, snapshots)."""
+        self._window = (time.monotonic(), step, tokens)
+
+    def update(self, epoch: int, step: int, tokens: int, loss: torch.Tensor) -> None:
+        if not self.active:
+            return
+        start, start_step, start_tokens = self._window
+        elapsed = time.monotonic() - start
+        if elapsed < self.interval_s or step == start_step:
+            return
+        loss_value = loss.item()  # waits for the device, so the clock below is honest
+        elapsed = time.monotonic() - start
+        self.tokens_per_s = (tokens - start_tokens) / elapsed
+        seconds_per_step = elapsed / (step - start_step)
+        show_status(self._line(epoch, step, loss_value, seconds_per_step))
+        self._window = (time.monotonic(), step, tokens)
+
+    def _line(self, epoch: int, step: int, loss: float, seconds_per_step: float) -> str:
+        done = step / max(self.total_steps, 1)
+        mfu = (f" | MFU {self.tokens_per_s * self.flops_per_token / self.peak_flops:.1%}"
+               if self.peak_flops else "")
+        bar = ""
+        if on_terminal():
+            filled = round(BAR_WIDTH * done)
+            bar = f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {done:4.0%} "
+        eta = format_eta(max(self.total_steps - step, 0) * seconds_per_step)
+        return (f"{bar}epoch {epoch}/{self.max_epochs} | step {step}/{self.total_steps} | "
+                f"loss {loss:.4f} | {self.tokens_per_s:,.0f} tok/s{mfu} | ETA {eta}")
