@@ -135,16 +135,19 @@ def children(pid: int) -> list[int]:
     return found
 
 
-def _pids_with_environment(entry: bytes) -> list[int]:
-    """PIDs (other than this one) whose environment holds entry, e.g. b'SLURM_CONF=/tmp/x'."""
-    found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if entry in environ.read_bytes().split(b"\0") and int(environ.parent.name) != os.getpid():
-                found.append(int(environ.parent.name))
-        except (OSError, ValueError):
-            continue
-    return found
+def _environment(pid: int) -> list[bytes]:
+    """The NAME=value entries of a process's environment (none if it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def _pids_with_environment(*entries: str) -> list[int]:
+    """PIDs (other than this one) whose environment holds every entry, e.g. 'SLURM_CONF=/tmp/x'."""
+    wanted = {entry.encode() for entry in entries}
+    return [int(proc.name) for proc in Path("/proc").glob("[0-9]*")
+            if int(proc.name) != os.getpid() and wanted <= set(_environment(int(proc.name)))]
 
 
 class SlurmCluster:
@@ -171,8 +174,7 @@ class SlurmCluster:
         return self
 
     def _daemon(self, name: str, cmd: list, **popen) -> None:
-        log = open(self.root / f"{name}.out", "ab")
-        with log:
+        with open(self.root / f"{name}.out", "ab") as log:
             self.daemons[name] = subprocess.Popen([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT,
                                                   stdin=subprocess.DEVNULL, env=self.env, **popen)
 
@@ -181,13 +183,15 @@ class SlurmCluster:
         os.chmod(self.munge_dir, 0o755)
         os.chown(self.munge_dir, munge.pw_uid, munge.pw_gid)
         key = self.munge_dir / "munge.key"
-        as_munge = dict(user=munge.pw_uid, group=munge.pw_gid, extra_groups=[])
-        subprocess.run(["mungekey", "--create", f"--keyfile={key}"], check=True, capture_output=True, **as_munge)
+        as_munge = {"user": munge.pw_uid, "group": munge.pw_gid, "extra_groups": []}
+        subprocess.run(["mungekey", "--create", f"--keyfile={key}"], check=True, capture_output=True,
+                       **as_munge)
         self.munge_socket = self.munge_dir / "munge.socket"
         d = self.munge_dir
-        self._daemon("munged", ["munged", "--foreground", f"--socket={self.munge_socket}", f"--key-file={key}",
-                                f"--log-file={d / 'munged.log'}", f"--pid-file={d / 'munged.pid'}",
-                                f"--seed-file={d / 'munged.seed'}"], **as_munge)
+        self._daemon("munged", ["munged", "--foreground", f"--socket={self.munge_socket}",
+                                f"--key-file={key}", f"--log-file={d / 'munged.log'}",
+                                f"--pid-file={d / 'munged.pid'}", f"--seed-file={d / 'munged.seed'}"],
+                     **as_munge)
         wait_for(self.munge_socket.exists, 15, f"munged socket ({self._logs_hint()})", interval=0.05)
 
     def _write_conf(self) -> None:
@@ -246,8 +250,8 @@ PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE St
     # -- use -------------------------------------------------------------------------------------
     def sbatch(self, args: list, cwd: Path, env: Optional[dict] = None) -> str:
         """Submit; return the job id."""
-        result = subprocess.run(["sbatch", "--parsable", *map(str, args)], cwd=cwd, env={**self.env, **(env or {})},
-                                capture_output=True, text=True, timeout=30)
+        result = subprocess.run(["sbatch", "--parsable", *map(str, args)], cwd=cwd,
+                                env={**self.env, **(env or {})}, capture_output=True, text=True, timeout=30)
         assert result.returncode == 0, f"sbatch failed: {result.stdout}{result.stderr}"
         return result.stdout.strip().split(";")[0]
 
@@ -261,6 +265,12 @@ PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE St
         return wait_for(lambda: (job := self.job(job_id))["JobState"] in TERMINAL_JOB_STATES and job,
                         timeout, f"Slurm job {job_id} to finish ({self._logs_hint()})", interval=0.5)
 
+    def training_processes(self, job_id: str, node: str) -> list[int]:
+        """PIDs of a job's torchrun workers on a node (workers have RANK set; their agent has not)."""
+        return [pid for pid in _pids_with_environment(f"SLURM_CONF={self.conf}", f"SLURM_JOB_ID={job_id}",
+                                                      f"SLURMD_NODENAME={node}")
+                if any(entry.startswith(b"RANK=") for entry in _environment(pid))]
+
     # -- stop ------------------------------------------------------------------------------------
     def stop(self) -> None:
         """Cancel jobs, stop the daemons, kill any process of ours they left, remove munge's directory."""
@@ -268,15 +278,16 @@ PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE St
             if self.daemons.get("slurmctld") and self.daemons["slurmctld"].poll() is None:
                 _run(["scancel", "--full", "--partition=debug"], env=self.env, check=False)
                 try:
-                    wait_for(lambda: not _run(["squeue", "--noheader"], env=self.env, check=False).stdout.strip(),
-                             30, "cancelled jobs to end")
+                    # An error from squeue reads as "no jobs": stopping must go on regardless.
+                    wait_for(lambda: not _run(["squeue", "--noheader"], env=self.env, check=False)
+                             .stdout.strip(), 30, "cancelled jobs to end")
                 except TimeoutError:
                     pass  # the daemons go anyway; their leftovers are killed below
         finally:
             for name in reversed(list(self.daemons)):  # slurmds, then slurmctld, then munged
                 _stop(self.daemons[name])
             # Job steps (slurmstepd and what it ran) outlive slurmd; every one carries our SLURM_CONF.
-            for pid in _pids_with_environment(f"SLURM_CONF={self.conf}".encode()):
+            for pid in _pids_with_environment(f"SLURM_CONF={self.conf}"):
                 _kill(pid)
             shutil.rmtree(self.munge_dir, ignore_errors=True)
 
@@ -329,9 +340,9 @@ class TwoHosts:
         (`ip netns exec` would remount /sys, which is not needed here).
         """
         ns, name = self.netns[host], self.NAMES[host]
-        wrapper = ["unshare", "--mount", "--uts", "--propagation", "private", "nsenter", f"--net=/run/netns/{ns}",
-                   "bash", "-c", 'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"',
-                   self.hosts_file, name]
+        become_host = 'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"'
+        wrapper = ["unshare", "--mount", "--uts", "--propagation", "private",
+                   "nsenter", f"--net=/run/netns/{ns}", "bash", "-c", become_host, self.hosts_file, name]
         with open(log, "ab") as out:
             process = subprocess.Popen([str(c) for c in wrapper + cmd], stdout=out, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, env=env, start_new_session=True)
