@@ -5,6 +5,7 @@ import threading
 import pytest
 
 from helpers import MINGPT, assert_ok, losses, make_text, run_main, run_probe, tiny_overrides
+from metrics import default_metrics_path, read_metrics
 from test_main import copy_of_the_code
 
 
@@ -56,7 +57,16 @@ def check_two_rank_run(result, snapshot) -> None:
 
 def test_torchrun_from_the_repo_root(text_file, tmp_path):
     snapshot = tmp_path / "snap.pt"
-    check_two_rank_run(run_main(tiny_overrides(text_file, snapshot), nproc=2), snapshot)
+    result = run_main(tiny_overrides(text_file, snapshot, trainer_config__progress_interval_s=0.5), nproc=2)
+    check_two_rank_run(result, snapshot)
+    for once in ("Model: GPT", "World: 2 process(es) on 1 node(s), gloo on cpu", "Snapshots:"):
+        assert result.stdout.count(once) == 1
+    assert "tok/s | MFU" in result.stdout  # progress lines, from rank 0 only (checked above)
+    lines = read_metrics(default_metrics_path(str(snapshot)), "train")
+    steps, tokens = [line["step"] for line in lines], [line["tokens"] for line in lines]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) > 50
+    assert all(later > earlier for earlier, later in zip(tokens, tokens[1:]))
+    assert tokens[0] == 2 * 32 * 16  # both ranks' first batches
 
 
 def test_torchrun_from_inside_mingpt(text_file, tmp_path):

@@ -1,0 +1,47 @@
+import json
+
+import torch
+
+from metrics import MetricsLog, default_metrics_path, read_metrics
+
+
+def test_default_path_is_beside_the_snapshot():
+    assert default_metrics_path("runs/gpt_snapshot.pt") == "runs/gpt_snapshot.metrics.jsonl"
+    assert default_metrics_path("s3://bucket/run/") == "s3://bucket/run/metrics.jsonl"
+
+
+def test_records_are_written_at_flush_in_order(tmp_path):
+    path = str(tmp_path / "m.jsonl")
+    metrics = MetricsLog(path, active=True)
+    metrics.start(resumed_step=0)
+    for step in (1, 2, 3):
+        metrics.record("train", torch.tensor(float(step)), epoch=1, step=step, tokens=10 * step)
+    assert read_metrics(path) == []  # nothing before a flush: no device sync per step
+    metrics.flush()
+    lines = read_metrics(path, "train")
+    assert [line["step"] for line in lines] == [1, 2, 3]
+    assert [line["loss"] for line in lines] == [1.0, 2.0, 3.0]
+
+
+def test_a_resume_drops_the_lines_after_its_snapshot(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"kind": "train", "step": s, "epoch": 1, "loss": 0.0}) + "\n"
+                            for s in range(1, 8)))
+    MetricsLog(str(path), active=True).start(resumed_step=5)
+    assert [line["step"] for line in read_metrics(str(path))] == [1, 2, 3, 4, 5]
+
+
+def test_inactive_log_writes_nothing(tmp_path):
+    metrics = MetricsLog(str(tmp_path / "m.jsonl"), active=False)
+    metrics.start(resumed_step=0)
+    metrics.record("train", torch.tensor(1.0), epoch=1, step=1)
+    metrics.flush()
+    assert not (tmp_path / "m.jsonl").exists()
+
+
+def test_tensorboard_scalars_are_written(tmp_path):
+    metrics = MetricsLog(str(tmp_path / "m.jsonl"), active=True, tensorboard_dir=str(tmp_path / "tb"))
+    metrics.record("train", torch.tensor(2.5), epoch=1, step=1, lr=1e-3, tokens_per_s=100.0)
+    metrics.close()
+    events = list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    assert len(events) == 1 and events[0].stat().st_size > 0
