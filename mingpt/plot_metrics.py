@@ -1,7 +1,7 @@
 """Draw the loss curves of a training run from its metrics file into a PNG.
 
     python mingpt/plot_metrics.py gpt_snapshot.metrics.jsonl -o loss.png
-    python plot_metrics.py s3://bucket/gpt_snapshot.metrics.jsonl        # inside mingpt/; any fsspec URL
+    python plot_metrics.py s3://bucket/gpt_snapshot.metrics.jsonl -o s3://bucket/loss.png  # any fsspec URL
 
 Train loss per step (faint) with a smoothed line over it, and eval loss per epoch (markers), against
 the number of training tokens seen, so that runs of different batch sizes or world sizes line up.
@@ -12,12 +12,15 @@ import posixpath
 import sys
 from typing import Any, Optional
 
+import fsspec
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")  # no display needed, none opened: works over ssh, in CI and on clusters
 
 import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import EngFormatter  # noqa: E402
 
 from errors import MinGPTError  # noqa: E402
 from metrics import read_metrics  # noqa: E402
@@ -26,25 +29,34 @@ from storage import short_reason  # noqa: E402
 FIGURE_INCHES = (8.0, 4.5)
 DPI = 100  # FIGURE_INCHES * DPI = 800 x 450 pixels
 SMOOTHING_WINDOW = 51
-"""Steps averaged by the smoothed train line, at most a tenth of the run's steps."""
+"""Steps in each local fit of the smoothed train line, at most a tenth of the run's steps."""
 
 
 def smooth(values: list[float], window: int) -> list[float]:
-    """Centred moving average; near either end the window shrinks, staying centred.
+    """Each step's value on a straight line fitted to the `window` steps around it.
 
-    Centred rather than exponential: an EMA trails a falling loss by half its span and draws the
-    curve above the points it summarises.
+    The window is centred where it fits and shifted inward at either end. A line rather than a
+    mean: a window that cannot be centred (at the ends) would make a mean lag a falling loss, and a
+    window that shrinks instead would leave the ends as noisy as the raw steps.
     """
-    half = window // 2
-    prefix = [0.0]
-    for value in values:
-        prefix.append(prefix[-1] + value)
-    smoothed = []
-    for i in range(len(values)):
-        reach = min(half, i, len(values) - 1 - i)  # a lopsided window would bend the ends
-        lo, hi = i - reach, i + reach + 1
-        smoothed.append((prefix[hi] - prefix[lo]) / (hi - lo))
-    return smoothed
+    if not values:
+        return []
+    y = np.asarray(values, dtype=np.float64)
+    n, w = len(y), min(window, len(values))
+    step = np.arange(n)
+    lo = np.clip(step - w // 2, 0, n - w)  # first step of each window
+    u = step - lo  # each step's position inside its window: 0 .. w-1
+
+    def window_sum(a: np.ndarray) -> np.ndarray:
+        prefix = np.concatenate([[0.0], np.cumsum(a)])
+        return prefix[lo + w] - prefix[lo]
+
+    sum_y = window_sum(y)
+    sum_uy = window_sum(step * y) - lo * sum_y  # positions measured from each window's start
+    sum_u, sum_uu = w * (w - 1) / 2, (w - 1) * w * (2 * w - 1) / 6
+    spread = w * sum_uu - sum_u**2  # w^2 times the variance of 0 .. w-1; zero when w == 1
+    slope = (w * sum_uy - sum_u * sum_y) / spread if spread else np.zeros(n)
+    return (sum_y / w + slope * (u - sum_u / w)).tolist()
 
 
 def smoothing_window(n_points: int) -> int:
@@ -64,6 +76,7 @@ def plot_losses(train: list[dict[str, Any]], evals: list[dict[str, Any]], title:
         ax.plot([line["tokens"] for line in evals], [line["loss"] for line in evals], color="tab:orange",
                 marker="o", linewidth=1.5, label="eval loss (per epoch)")
     ax.set_xlabel("tokens seen in training")
+    ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 500k, 1M, rather than an offset like 1e6
     ax.set_ylabel("cross-entropy loss (nats per character)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -74,19 +87,23 @@ def plot_losses(train: list[dict[str, Any]], evals: list[dict[str, Any]], title:
 def load_lines(path: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Train and eval lines of the metrics file; MinGPTError when it is missing, unreadable or empty."""
     try:
-        train, evals = read_metrics(path, "train"), read_metrics(path, "eval")
+        lines = read_metrics(path)  # one read: on an object store each read is a request
     except Exception as e:  # missing protocol, credentials, a file that is not JSON lines
         raise MinGPTError(f"metrics file {path} cannot be read ({short_reason(e)})") from None
+    train = [line for line in lines if line.get("kind") == "train"]
+    evals = [line for line in lines if line.get("kind") == "eval"]
     if not train and not evals:
-        raise MinGPTError(f"no training metrics in {path}; give the *.metrics.jsonl file written beside "
-                          "the snapshot (trainer_config.metrics_path)")
+        raise MinGPTError(f"no train or eval lines in {path} (missing or empty); give the metrics file "
+                          "training writes beside the snapshot (trainer_config.metrics_path)")
     return train, evals
 
 
 def write_png(fig: Figure, output: str) -> None:
+    """Save fig as PNG to a local path or any fsspec URL."""
     try:
-        fig.savefig(output, format="png")
-    except OSError as e:
+        with fsspec.open(output, "wb") as f:
+            fig.savefig(f, format="png")
+    except Exception as e:  # a missing folder, permissions, credentials
         raise MinGPTError(f"-o: cannot write {output} ({short_reason(e)})") from None
     finally:
         plt.close(fig)
@@ -99,7 +116,7 @@ def default_title(path: str) -> str:
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Plot train and eval loss from a metrics file.")
     parser.add_argument("metrics", help="*.metrics.jsonl written beside the snapshot (local path or fsspec URL)")
-    parser.add_argument("-o", "--output", default="loss.png", help="PNG to write (default loss.png)")
+    parser.add_argument("-o", "--output", default="loss.png", help="PNG to write, a local path or fsspec URL (default loss.png)")
     parser.add_argument("--title", default=None, help="plot title (default: the metrics file's name)")
     return parser.parse_args(argv)
 

@@ -1,0 +1,155 @@
+"""sampling.py: top-k, temperature, greedy decoding, context cropping, seeding and model mode."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn as nn
+
+from model import GPT, GPTConfig
+from sampling import keep_top_k, sample
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny models run faster on one thread than on two contended ones (the CPU is shared)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class FixedLogits(nn.Module):
+    """Stands in for GPT: the same logits at every position; remembers each context it was given."""
+
+    def __init__(self, logits: list[float], block_size: int = 4):
+        super().__init__()
+        self.config = SimpleNamespace(block_size=block_size)
+        self.logits = torch.tensor(logits)
+        self.contexts: list[torch.Tensor] = []
+
+    def forward(self, idx: torch.Tensor):
+        self.contexts.append(idx.clone())
+        B, T = idx.shape
+        return self.logits.expand(B, T, -1), None
+
+
+def tiny_gpt(dropout: float = 0.0) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=7, block_size=8,
+                         embd_pdrop=dropout, resid_pdrop=dropout, attn_pdrop=dropout))
+
+
+def draw_once(model: nn.Module, rows: int, seed: int = 0, **settings) -> torch.Tensor:
+    """One new token for each of `rows` one-token prompts: `rows` independent draws."""
+    prompt = torch.zeros(rows, 1, dtype=torch.long)
+    generator = torch.Generator().manual_seed(seed)
+    return sample(model, prompt, max_new_tokens=1, generator=generator, **settings)[:, -1]
+
+
+def frequencies(tokens: torch.Tensor, vocab_size: int) -> list[float]:
+    return (torch.bincount(tokens, minlength=vocab_size).float() / len(tokens)).tolist()
+
+
+def test_top_k_draws_only_from_the_k_most_likely_tokens():
+    model = FixedLogits([0.5, 3.0, 0.0, 2.5, 1.0])
+    tokens = draw_once(model, rows=2000, top_k=2)
+    assert set(tokens.tolist()) == {1, 3}  # both of the two most likely, nothing else
+
+
+def test_top_k_keeps_exactly_k_even_when_logits_tie():
+    kept = keep_top_k(torch.zeros(3, 6), k=2)
+    assert (kept.isfinite().sum(dim=-1) == 2).all()
+
+
+def test_top_k_at_least_the_vocabulary_keeps_every_token():
+    logits = torch.tensor([[0.1, 0.2, 0.3]])
+    assert torch.equal(keep_top_k(logits, k=10), logits)
+
+
+def test_low_temperature_sharpens_and_high_temperature_flattens():
+    model = FixedLogits([0.0, 1.0, 2.0])  # at temperature 1: 0.09, 0.24, 0.67
+    cold = frequencies(draw_once(model, rows=4000, temperature=0.25), 3)
+    hot = frequencies(draw_once(model, rows=4000, temperature=10.0), 3)
+    assert cold[2] > 0.95  # exp(8) / (1 + exp(4) + exp(8)) = 0.98
+    assert all(0.25 < f < 0.42 for f in hot)  # 0.30, 0.33, 0.37
+
+
+def test_temperature_one_draws_from_the_softmax():
+    model = FixedLogits([0.0, 1.0, 2.0])
+    observed = frequencies(draw_once(model, rows=8000), 3)
+    for seen, expected in zip(observed, torch.softmax(model.logits, dim=0).tolist()):
+        assert seen == pytest.approx(expected, abs=0.025)
+
+
+def test_temperature_zero_is_greedy_like_top_k_one_and_ignores_the_seed():
+    model = tiny_gpt()
+    prompt = torch.tensor([[1, 2, 3]])
+    greedy = [sample(model, prompt, 12, temperature=0, generator=torch.Generator().manual_seed(s))
+              for s in (1, 2)]
+    top_1 = sample(model, prompt, 12, temperature=1.0, top_k=1, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(greedy[0], greedy[1]) and torch.equal(greedy[0], top_1)
+    logits, _ = model(prompt)
+    assert greedy[0][0, 3] == logits[0, -1].argmax()  # the first new token is the most likely one
+
+
+def test_context_longer_than_block_size_is_cropped_to_the_last_block_size_tokens():
+    model = FixedLogits([0.0, 1.0, 2.0], block_size=4)
+    prompt = torch.tensor([[0, 1, 2, 0, 1, 2, 0, 1, 2, 0]])  # 10 tokens, block_size 4
+    out = sample(model, prompt, max_new_tokens=3, temperature=0)
+    assert [c.shape[1] for c in model.contexts] == [4, 4, 4]
+    for step, context in enumerate(model.contexts):
+        assert torch.equal(context, out[:, 10 + step - 4: 10 + step])  # the newest tokens, not the oldest
+
+
+def test_real_gpt_continues_past_its_block_size():
+    model = tiny_gpt()
+    prompt = torch.randint(0, 7, (2, 20))  # block_size 8
+    out = sample(model, prompt, max_new_tokens=10, generator=torch.Generator().manual_seed(0))
+    assert out.shape == (2, 30)
+    assert torch.equal(out[:, :20], prompt)
+    assert out.min() >= 0 and out.max() < 7
+
+
+def test_same_seed_same_tokens_other_seed_other_tokens():
+    model = tiny_gpt()
+    prompt = torch.tensor([[1, 2, 3]])
+
+    def run(seed: int) -> torch.Tensor:
+        return sample(model, prompt, 40, temperature=1.5, generator=torch.Generator().manual_seed(seed))
+
+    assert torch.equal(run(7), run(7))
+    assert not torch.equal(run(7), run(8))
+
+
+def test_runs_in_eval_mode_without_gradients_and_restores_the_mode():
+    model = tiny_gpt(dropout=0.5).train()
+    prompt = torch.tensor([[1, 2, 3]])
+    first, second = (sample(model, prompt, 10, temperature=0) for _ in range(2))
+    assert torch.equal(first, second), "dropout was active while sampling"
+    assert model.training
+    assert not first.requires_grad
+    model.eval()
+    sample(model, prompt, 1)
+    assert not model.training
+
+
+def test_zero_new_tokens_returns_the_prompt():
+    prompt = torch.tensor([[1, 2]])
+    assert torch.equal(sample(tiny_gpt(), prompt, 0), prompt)
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"max_new_tokens": -1}, "max_new_tokens"),
+    ({"temperature": -0.5}, "temperature"),
+    ({"temperature": float("nan")}, "temperature"),
+    ({"top_k": 0}, "top_k"),
+])
+def test_meaningless_settings_are_refused(settings, message):
+    arguments = {"max_new_tokens": 1, **settings}
+    with pytest.raises(ValueError, match=message):
+        sample(tiny_gpt(), torch.tensor([[1]]), **arguments)
+
+
+def test_an_empty_prompt_is_refused():
+    with pytest.raises(ValueError, match="T >= 1"):
+        sample(tiny_gpt(), torch.zeros(1, 0, dtype=torch.long), 1)
