@@ -38,7 +38,8 @@ class OneLineArgumentParser(argparse.ArgumentParser):
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser = OneLineArgumentParser(description="Generate text with a trained minGPT-DDP snapshot.")
     parser.add_argument("--snapshot", default="gpt_snapshot.pt",
-                        help="snapshot file: a local path or any fsspec URL such as s3://bucket/gpt_snapshot.pt")
+                        help="a snapshot file or snapshot folder (its newest): a local path or any "
+                             "fsspec URL such as s3://bucket/gpt_snapshot.pt")
     parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
     parser.add_argument("--length", type=int, default=500, help="number of new characters (default 500)")
     parser.add_argument("--temperature", type=float, default=1.0,

@@ -115,8 +115,9 @@ def default_title(path: str) -> str:
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Plot train and eval loss from a metrics file.")
-    parser.add_argument("metrics", help="*.metrics.jsonl written beside the snapshot (local path or fsspec URL)")
-    parser.add_argument("-o", "--output", default="loss.png", help="PNG to write, a local path or fsspec URL (default loss.png)")
+    parser.add_argument("metrics", help="metrics file written beside the snapshot (local path or fsspec URL)")
+    parser.add_argument("-o", "--output", default="loss.png",
+                        help="PNG to write, a local path or fsspec URL (default loss.png)")
     parser.add_argument("--title", default=None, help="plot title (default: the metrics file's name)")
     return parser.parse_args(argv)
 

@@ -66,7 +66,8 @@ def sample(
     """
     check_sampling_args(max_new_tokens, temperature, top_k)
     if idx.dim() != 2 or idx.size(1) == 0:
-        raise ValueError(f"idx must be (B, T) with T >= 1 token to continue from, got shape {tuple(idx.shape)}")
+        raise ValueError(f"idx must be (B, T) with T >= 1 token to continue from, "
+                         f"got shape {tuple(idx.shape)}")
     block_size = model.config.block_size
     was_training = model.training
     model.eval()

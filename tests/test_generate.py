@@ -89,8 +89,8 @@ def test_same_seed_same_text_other_seed_other_text(snapshot, capsys):
 def test_defaults(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     args = generate.parse_args([])
-    assert (args.snapshot, args.prompt, args.length, args.temperature, args.top_k, args.seed, args.device) == (
-        "gpt_snapshot.pt", "\n", 500, 1.0, None, 1337, "cpu")
+    settings = (args.snapshot, args.prompt, args.length, args.temperature, args.top_k, args.seed, args.device)
+    assert settings == ("gpt_snapshot.pt", "\n", 500, 1.0, None, 1337, "cpu")
 
 
 def test_the_default_prompt_is_a_newline(snapshot, capsys):

@@ -34,7 +34,8 @@ def metrics_file(tmp_path):
         log.record("train", torch.tensor(loss), epoch=epoch, iter=iteration, step=step,
                    tokens=step * TOKENS_PER_STEP, lr=3e-4)
         if iteration == 149:
-            log.record("eval", torch.tensor(loss + 0.2), epoch=epoch, tokens=step * TOKENS_PER_STEP, samples=900)
+            log.record("eval", torch.tensor(loss + 0.2), epoch=epoch, step=step,
+                       tokens=step * TOKENS_PER_STEP, samples=900)
     log.flush()
     return tmp_path / "gpt_snapshot.metrics.jsonl"
 
