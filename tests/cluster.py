@@ -49,7 +49,7 @@ def skip_unless_possible(reason: Optional[str]) -> None:
 def slurm_unavailable() -> Optional[str]:
     """Why a Slurm cluster cannot be started here, or None."""
     if os.geteuid() != 0:
-        return "a Slurm cluster needs root (slurmd and munged run as their own users)"
+        return "a Slurm cluster needs root (slurmd runs jobs as their users; munged runs as the munge user)"
     missing = [c for c in SLURM_COMMANDS if shutil.which(c) is None]
     if missing:
         return f"Slurm packages absent (no {', '.join(missing)}): {SLURM_INSTALL}"
