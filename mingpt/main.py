@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import hydra
 import torch
+import torch.distributed as dist
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
@@ -23,6 +24,7 @@ from logger import configure_logging, log
 from model import GPT, GPTConfig, OptimizerConfig
 from parallel import local_parameter_bytes, unwrap
 from process_group import DistEnv, barrier, distributed_session
+from storage import short_reason
 from trainer import Trainer, TrainerConfig
 
 
@@ -120,6 +122,19 @@ def main(cfg: DictConfig) -> None:
     except MinGPTError as error:
         report_error(error)
         sys.exit(1)
+    except (dist.DistError, RuntimeError) as error:
+        if not lost_a_peer(error):
+            raise
+        # Another process died (it reports its own error): say so in one line, not a traceback.
+        print(f"error: [rank {os.environ.get('RANK', 0)}] lost contact with another process "
+              f"({short_reason(error)}); see that process's output", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def lost_a_peer(error: Exception) -> bool:
+    """A collective failed because another rank went away (NCCL or gloo, whose errors are plain)."""
+    return isinstance(error, dist.DistError) or any(
+        sign in str(error) for sign in ("Connection reset by peer", "Connection closed by peer", "Broken pipe"))
 
 
 if __name__ == "__main__":
