@@ -18,14 +18,16 @@ import io
 import os
 import re
 import uuid
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Optional
 
 import fsspec
 import torch
+import torch.nn as nn
 from fsspec.implementations.local import LocalFileSystem
 
 from errors import SnapshotError
+from parallel import gather_full_state, restore_full_state
 from storage import make_folder, parent_folder, short_reason
 
 _ADVICE = "move it away or set trainer_config.snapshot_path to another location"
@@ -131,7 +133,7 @@ def read_snapshot(path: str) -> Optional[Snapshot]:
 
 
 class SnapshotStore:
-    """The snapshots of one run: a single file, or a folder keeping the newest few."""
+    """The single-file snapshots of one run: one file, or a folder keeping the newest few."""
 
     def __init__(self, path: str, keep_last: int = 1):
         self.path = path
@@ -143,17 +145,32 @@ class SnapshotStore:
         """Where snapshots (and the metrics beside them) live."""
         return self.path.rstrip("/") if self.is_folder else parent_folder(self.path)
 
-    def save(self, snapshot: Snapshot) -> str:
-        """Write a new snapshot; in a folder, then drop all but the newest keep_last."""
-        if not self.is_folder:
-            write_snapshot(snapshot, self.path)
-            return self.path
-        target = f"{self.folder}/snapshot_{snapshot.step:09d}.pt"
-        write_snapshot(snapshot, target)
-        for old in self._entries()[: -self.keep_last]:
-            fs, old_path = fsspec.core.url_to_fs(old)
-            fs.rm(old_path)
+    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: Snapshot, is_main: bool) -> str:
+        """Gather the full state (every rank takes part); global rank 0 writes it with info."""
+        model_state, optimizer_state = gather_full_state(model, optimizer)
+        target = f"{self.folder}/snapshot_{info.step:09d}.pt" if self.is_folder else self.path
+        if is_main:
+            write_snapshot(replace(info, model_state=model_state, optimizer_state=optimizer_state), target)
+            if self.is_folder:
+                for old in self._entries()[: -self.keep_last]:
+                    fs, old_path = fsspec.core.url_to_fs(old)
+                    fs.rm(old_path)
         return target
+
+    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, model_config: dict[str, Any],
+                vocab: list[str]) -> tuple[Optional[Snapshot], Optional[str]]:
+        """Load the newest snapshot, if any, into this rank's model and optimizer."""
+        path = self.latest()
+        snapshot = read_snapshot(path) if path else None
+        if snapshot is None:
+            return None, None
+        snapshot.check_matches(model_config, vocab, path)
+        try:
+            restore_full_state(model, optimizer, snapshot.model_state, snapshot.optimizer_state)
+        except (RuntimeError, KeyError, ValueError) as e:
+            raise SnapshotError(f"snapshot {path} does not fit this model and optimizer ({short_reason(e)}); "
+                                "set trainer_config.snapshot_path to a new location") from None
+        return snapshot, path
 
     def latest(self) -> Optional[str]:
         """Path of the newest complete snapshot, or None."""
@@ -162,18 +179,20 @@ class SnapshotStore:
         entries = self._entries()
         return entries[-1] if entries else None
 
-    def load_latest(self) -> tuple[Optional[Snapshot], Optional[str]]:
-        path = self.latest()
-        return (read_snapshot(path), path) if path else (None, None)
-
     def _entries(self) -> list[str]:
         """Complete snapshots in the folder, oldest first (temporaries do not match the name)."""
-        fs, folder = fsspec.core.url_to_fs(self.folder)
-        try:
-            names = fs.ls(folder, detail=False) if fs.exists(folder) else []
-        except Exception as e:
-            raise SnapshotError(f"cannot list snapshots in {self.path} ({short_reason(e)}); check "
-                                "trainer_config.snapshot_path and its credentials") from None
-        steps = sorted((int(m.group(1)), name) for name in names if (m := _FOLDER_ENTRY.search(name)))
-        prefix = self.path.split("://")[0] + "://" if "://" in self.path else ""
-        return [prefix + name for _, name in steps]
+        return list_entries(self.path, _FOLDER_ENTRY)
+
+
+def list_entries(folder_url: str, pattern: re.Pattern, complete=lambda fs, name: True) -> list[str]:
+    """URLs of the folder's entries whose names match pattern (group 1: a step), oldest first."""
+    fs, folder = fsspec.core.url_to_fs(folder_url.rstrip("/"))
+    try:
+        names = fs.ls(folder, detail=False) if fs.exists(folder) else []
+        steps = sorted((int(m.group(1)), name.rstrip("/")) for name in names
+                       if (m := pattern.search(name.rstrip("/"))) and complete(fs, name.rstrip("/")))
+    except Exception as e:
+        raise SnapshotError(f"cannot list snapshots in {folder_url} ({short_reason(e)}); check "
+                            "trainer_config.snapshot_path and its credentials") from None
+    prefix = folder_url.split("://")[0] + "://" if "://" in folder_url else ""
+    return [prefix + name for _, name in steps]

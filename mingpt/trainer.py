@@ -14,29 +14,22 @@ import torch.nn as nn
 from torch.utils.data import Dataset
 
 from data_loader import make_dataloader
-from errors import SnapshotError, check, check_positive
+from errors import check, check_positive
 from flops import peak_flops
 from logger import clear_status, log, warn_once
 from metrics import MetricsLog, default_metrics_path
 from model import OptimizerConfig, create_optimizer
 from monitor import TrainingMonitor
-from parallel import (
-    METHODS,
-    Parallelism,
-    computes_in_precision,
-    gather_full_state,
-    grad_scaler,
-    parallelize,
-    restore_full_state,
-    unwrap,
-)
+from parallel import METHODS, Parallelism, computes_in_precision, grad_scaler, parallelize, unwrap
 from precision import AMP_DTYPES, resolve_precision
 from process_group import DistEnv, all_gather_objects, all_reduce_sum
+from sharded_snapshot import ShardedSnapshotStore
 from snapshot import Progress, Snapshot, SnapshotStore
-from storage import check_writable, parent_folder, short_reason
+from storage import check_writable, parent_folder
 
 __all__ = ["Trainer", "TrainerConfig", "Snapshot"]
 
+SNAPSHOT_FORMATS = ("single", "sharded")
 MAX_RANKS = 100_000  # spaces per-epoch seeds apart, so no two (epoch, rank) pairs share one
 
 
@@ -56,6 +49,9 @@ class TrainerConfig:
     """Also write one every this many optimizer steps (0: only at epochs)."""
     keep_last: int = 3
     """Snapshot folders only: how many of the newest snapshots to keep."""
+    snapshot_format: str = "single"
+    """single: one file per snapshot, gathered on rank 0. sharded: each rank writes its shard
+    (torch.distributed.checkpoint), for models too large to gather; snapshot_path is a folder."""
     use_amp: bool = True
     """Mixed precision: see amp_dtype, and precision.py for what each device does."""
     amp_dtype: str = "float16"
@@ -82,12 +78,22 @@ class TrainerConfig:
             value = getattr(self, key)
             check(value >= 0, f"trainer_config.{key}", f"must not be negative, got {value}")
         check(bool(self.snapshot_path), "trainer_config.snapshot_path", "must not be empty")
+        check(self.snapshot_format in SNAPSHOT_FORMATS, "trainer_config.snapshot_format",
+              f"must be one of {', '.join(SNAPSHOT_FORMATS)}, got {self.snapshot_format!r}")
+        check(self.snapshot_format == "single" or not self.snapshot_path.endswith(".pt"),
+              "trainer_config.snapshot_path", "sharded snapshots need a folder, not a .pt file")
         check(self.distributed_method in METHODS, "trainer_config.distributed_method",
               f"must be one of {', '.join(METHODS)}, got {self.distributed_method!r}")
         check(not self.cpu_offload or self.distributed_method == "fsdp", "trainer_config.cpu_offload",
               "offloads FSDP shards; set trainer_config.distributed_method=fsdp or cpu_offload=False")
         check(self.amp_dtype in AMP_DTYPES, "trainer_config.amp_dtype",
               f"must be one of {', '.join(AMP_DTYPES)}, got {self.amp_dtype!r}")
+
+
+def open_snapshot_store(config: TrainerConfig):
+    if config.snapshot_format == "sharded":
+        return ShardedSnapshotStore(config.snapshot_path, config.keep_last)
+    return SnapshotStore(config.snapshot_path, config.keep_last)
 
 
 def capture_rng(device: torch.device) -> dict[str, Optional[torch.Tensor]]:
@@ -125,7 +131,7 @@ class Trainer:
         self.autocast = contextlib.nullcontext if computes_in_precision(self.model) else self.precision.autocast
         self.train_loader = self._dataloader(train_dataset, shuffle=True)
         self.test_loader = self._dataloader(test_dataset, shuffle=False) if test_dataset else None
-        self.snapshots = SnapshotStore(config.snapshot_path, config.keep_last)
+        self.snapshots = open_snapshot_store(config)
         metrics_path = config.metrics_path or default_metrics_path(config.snapshot_path)
         if env.is_main:
             check_writable(self.snapshots.folder, "trainer_config.snapshot_path")
@@ -249,37 +255,27 @@ class Trainer:
         return mean_loss.item()
 
     def _save_snapshot(self, when: str) -> None:
-        """Every rank takes part (gathering state and RNG states); global rank 0 writes."""
-        model_state, optimizer_state = gather_full_state(self.model, self.optimizer)
-        rng_states = all_gather_objects(capture_rng(self.env.device))
+        """Every rank takes part (state, shards and RNG states); global rank 0 writes the rest."""
         self.metrics.flush()  # the metrics file holds at least what the snapshot covers
-        if self.env.is_main:
-            snapshot = Snapshot(
-                **asdict(self.progress),
-                model_state=model_state,
-                optimizer_state=optimizer_state,
-                scaler_state=self.scaler.state_dict(),
-                rng_states=rng_states,
-                vocab=self.vocab,
-                model_config=asdict(unwrap(self.model).config),
-            )
-            self.snapshots.save(snapshot)
-            log.info(f"Snapshot saved at {when}")
+        info = Snapshot(
+            **asdict(self.progress),
+            scaler_state=self.scaler.state_dict(),
+            rng_states=all_gather_objects(capture_rng(self.env.device)),
+            vocab=self.vocab,
+            model_config=asdict(unwrap(self.model).config),
+        )
+        self.snapshots.save(self.model, self.optimizer, info, self.env.is_main)
+        log.info(f"Snapshot saved at {when}")
 
     def _resume(self) -> None:
         """Restore the newest snapshot, if any, into the model, optimizer, scaler and progress."""
-        snapshot, path = self.snapshots.load_latest()
+        snapshot, path = self.snapshots.restore(self.model, self.optimizer,
+                                                asdict(unwrap(self.model).config), self.vocab)
         if snapshot is None:
             log.info("Snapshot not found. Training model from scratch")
             return
-        snapshot.check_matches(asdict(unwrap(self.model).config), self.vocab, path)
-        try:
-            restore_full_state(self.model, self.optimizer, snapshot.model_state, snapshot.optimizer_state)
-            if snapshot.scaler_state and self.scaler.is_enabled():
-                self.scaler.load_state_dict(snapshot.scaler_state)
-        except (RuntimeError, KeyError, ValueError) as e:
-            raise SnapshotError(f"snapshot {path} does not fit this model and optimizer "
-                                f"({short_reason(e)}); set trainer_config.snapshot_path to a new location") from None
+        if snapshot.scaler_state and self.scaler.is_enabled():
+            self.scaler.load_state_dict(snapshot.scaler_state)
         self.progress = snapshot.progress
         self._resume_position(snapshot)
         where = f" (step {snapshot.step}, batch {snapshot.epoch_step} of epoch {snapshot.finished_epoch + 1})" \

@@ -1,6 +1,5 @@
 import http.server
 import threading
-from pathlib import Path
 
 import pytest
 import torch

@@ -1,0 +1,201 @@
+"""Sharded snapshots (`trainer_config.snapshot_format=sharded`) for models too large to gather.
+
+Every rank writes its own shard of the model and optimizer state with torch.distributed.checkpoint
+(DCP) into a folder per save, `<snapshot_path>/sharded_<step>/`, local or any fsspec URL. Global
+rank 0 writes `info.pt` (progress, RNG states, vocabulary, model config) last: a folder without it
+is an interrupted save and is ignored. The newest `keep_last` folders are kept. DCP reshards on
+load, so a sharded snapshot resumes at any world size and with either method.
+
+Loading stays tensors-only: DCP's `.metadata` is a pickle, so it is read with an unpickler that
+accepts only DCP's own metadata classes and refuses any entry that is not a tensor.
+
+Convert to the single-file format (no process group needed):
+
+    python mingpt/sharded_snapshot.py SHARDED_FOLDER OUT.pt
+"""
+import argparse
+import contextlib
+import io
+import logging
+import pickle
+import re
+import sys
+from dataclasses import replace
+from typing import Optional
+
+import fsspec
+import torch
+import torch.distributed.checkpoint as dcp
+import torch.nn as nn
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from errors import MinGPTError, SnapshotError
+from process_group import barrier
+from snapshot import Snapshot, list_entries, read_snapshot, write_snapshot
+from storage import short_reason
+
+DCP_ERRORS = (Exception, CheckpointException)  # DCP gathers ranks' errors into a BaseException
+_ENTRY = re.compile(r"sharded_(\d+)$")
+_INFO = "info.pt"
+_SAFE_MODULES = ("torch.distributed.checkpoint.",)
+_SAFE_NAMES = {
+    ("collections", "OrderedDict"), ("torch", "Size"), ("builtins", "set"), ("builtins", "frozenset"),
+    ("torch._utils", "_rebuild_tensor_v2"), ("torch", "device"), ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "Path"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP metadata and nothing else: no function of any other module can be reached."""
+
+    def find_class(self, module: str, name: str):
+        allowed = (module.startswith(_SAFE_MODULES) or (module, name) in _SAFE_NAMES
+                   or (module == "torch" and isinstance(getattr(torch, name, None),
+                                                        (torch.dtype, torch.layout, torch.memory_format))))
+        if not allowed:
+            raise pickle.UnpicklingError(f"refusing {module}.{name} in a snapshot's metadata")
+        return super().find_class(module, name)
+
+
+class SafeReader(FsspecReader):
+    """DCP's fsspec reader with a restricted unpickler for `.metadata`, and tensors only."""
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as stream:
+            metadata = _MetadataUnpickler(io.BytesIO(stream.read())).load()
+        if not isinstance(metadata, Metadata):
+            raise pickle.UnpicklingError("not DCP metadata")
+        if any(isinstance(entry, BytesStorageMetadata) for entry in metadata.state_dict_metadata.values()):
+            raise pickle.UnpicklingError("a sharded snapshot holds tensors only")  # bytes load unsafely
+        metadata.storage_meta = metadata.storage_meta or StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def _reason(error: BaseException) -> str:
+    """The first rank's own error inside DCP's CheckpointException, in one line."""
+    if isinstance(error, CheckpointException) and error.failures:
+        error = next(iter(error.failures.values()))
+    return short_reason(error)
+
+
+@contextlib.contextmanager
+def _quiet_dcp():
+    """DCP logs a failed read with tracebacks through the *root* logger, on every rank; the user
+    gets one SnapshotError line instead."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
+def _sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, list]:
+    """This rank's tensors (DTensor shards under FSDP, whole tensors under DDP) by parameter name,
+    and the optimizer's param_groups (plain values, kept in info.pt: DCP would pickle them)."""
+    optimizer_state = get_optimizer_state_dict(model, optimizer)
+    tensors = {"model": get_model_state_dict(model), "optimizer": optimizer_state["state"]}
+    return tensors, optimizer_state["param_groups"]
+
+
+class ShardedSnapshotStore:
+    """A folder of sharded snapshots; the interface matches snapshot.SnapshotStore."""
+
+    def __init__(self, path: str, keep_last: int):
+        self.path = path.rstrip("/")
+        self.keep_last = keep_last
+        self.folder = self.path
+
+    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: Snapshot, is_main: bool) -> str:
+        """Every rank writes its shard; then rank 0 marks the folder complete and prunes old ones."""
+        target = f"{self.path}/sharded_{info.step:09d}"
+        tensors, param_groups = _sharded_state(model, optimizer)
+        try:
+            dcp.save(tensors, checkpoint_id=target)
+            if is_main:
+                write_snapshot(replace(info, optimizer_state={"param_groups": param_groups}), f"{target}/{_INFO}")
+                for old in self._entries()[: -self.keep_last]:
+                    fs, old_path = fsspec.core.url_to_fs(old)
+                    fs.rm(old_path, recursive=True)
+        except MinGPTError:
+            raise
+        except DCP_ERRORS as e:
+            raise SnapshotError(f"could not write sharded snapshot {target} ({_reason(e)}); "
+                                "check trainer_config.snapshot_path, its credentials and free space") from None
+        barrier()  # no rank moves on (or exits) before the snapshot is complete
+        return target
+
+    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, model_config: dict,
+                vocab: list[str]) -> tuple[Optional[Snapshot], Optional[str]]:
+        """Load the newest complete snapshot into this rank's shards; return its info and path."""
+        entries = self._entries()
+        if not entries:
+            return None, None
+        folder = entries[-1]
+        info = read_snapshot(f"{folder}/{_INFO}")
+        info.check_matches(model_config, vocab, folder)
+        tensors, _ = _sharded_state(model, optimizer)
+        try:
+            with _quiet_dcp():
+                dcp.load(tensors, storage_reader=SafeReader(folder))
+            set_model_state_dict(model, tensors["model"], options=StateDictOptions(strict=True))
+            optimizer_state = {"state": tensors["optimizer"], **info.optimizer_state}
+            set_optimizer_state_dict(model, optimizer, optimizer_state)
+        except DCP_ERRORS as e:
+            raise SnapshotError(f"sharded snapshot {folder} cannot be loaded ({_reason(e)}); move it "
+                                "away or set trainer_config.snapshot_path to another location") from None
+        return info, folder
+
+    def _entries(self) -> list[str]:
+        """Complete snapshot folders (those with info.pt), oldest first."""
+        return list_entries(self.path, _ENTRY, complete=lambda fs, name: fs.exists(f"{name}/{_INFO}"))
+
+
+def to_single_file(sharded_folder: str, out_path: str) -> None:
+    """Gather a sharded snapshot into one single-file snapshot, in this process alone."""
+    info = read_snapshot(f"{sharded_folder.rstrip('/')}/{_INFO}")
+    if info is None:
+        raise SnapshotError(f"{sharded_folder} is not a complete sharded snapshot (no {_INFO})")
+    state: dict = {}
+    try:
+        # An empty state dict with this planner loads everything there is (as format_utils does).
+        with _quiet_dcp():
+            _load_state_dict(state, storage_reader=SafeReader(sharded_folder),
+                             planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    except DCP_ERRORS as e:
+        raise SnapshotError(f"sharded snapshot {sharded_folder} cannot be loaded ({_reason(e)})") from None
+    optimizer_state = {"state": state["optimizer"], **info.optimizer_state}
+    write_snapshot(replace(info, model_state=state["model"], optimizer_state=optimizer_state), out_path)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description="Convert a sharded snapshot folder to one .pt file.")
+    parser.add_argument("sharded_folder", help="a sharded_<step> folder (local or fsspec URL)")
+    parser.add_argument("out_path", help="the single-file snapshot to write (local or fsspec URL)")
+    args = parser.parse_args(argv)
+    try:
+        to_single_file(args.sharded_folder, args.out_path)
+    except MinGPTError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.out_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
