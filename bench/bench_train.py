@@ -6,6 +6,10 @@ Trainer's real DataLoader over real text, then times warmup + measured calls of
 data, achieved TFLOP/s from `model.flops_per_token()`, and MFU against a peak measured on this
 machine at the same thread count (CPU) or the GPU's dense bf16 datasheet peak (CUDA).
 
+Rates use the median step (the mean is in the JSON too). On CPU the peak is measured before and after
+the models and the better one kept, and every measurement says how much of the machine it had: on a
+shared machine a busy neighbour can halve the figures, and the output flags that as NOISY.
+
 Examples (from the repository root):
 
     .venv/bin/python bench/bench_train.py                          # default model and gpt-mini, fp32
@@ -19,6 +23,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import platform
 import statistics
 import string
@@ -36,6 +41,7 @@ sys.path.insert(0, str(REPO_ROOT / "mingpt"))  # the project uses flat imports (
 from char_dataset import CharDataset, DataConfig, read_text, split_dataset  # noqa: E402
 from logger import configure_logging, log  # noqa: E402
 from model import GPT, PRESETS, GPTConfig, OptimizerConfig  # noqa: E402
+from precision import cpu_has_native_bf16  # noqa: E402
 from process_group import DistEnv, distributed_session  # noqa: E402
 from trainer import Trainer, TrainerConfig  # noqa: E402
 
@@ -62,9 +68,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "report tokens/s, ms/step, data wait, TFLOP/s and MFU.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--models", nargs="+", default=["default", "gpt-mini"],
+    p.add_argument("--models", nargs="+", default=["default", "gpt-mini"], metavar="MODEL",
                    choices=["default", *PRESETS],
-                   help="'default' is GPTConfig() (8 layers, 8 heads, 512 wide); others are model.PRESETS")
+                   help="'default' is GPTConfig() (8 layers, 8 heads, 512 wide); or a preset of "
+                        f"model.PRESETS: {', '.join(PRESETS)}")
     p.add_argument("--batch-size", type=int, default=8, help="samples per step")
     p.add_argument("--block-size", type=int, default=128, help="tokens per sample")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (allocator, worker start-up)")
@@ -98,24 +105,42 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class CpuShare:
-    """Share of `threads` cores this process got while the block ran (process CPU time / wall time).
+def machine_busy_seconds() -> float:
+    """CPU seconds all processes have used since boot (Linux /proc/stat); NaN elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            jiffies = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return math.nan
+    idle = jiffies[3] + jiffies[4]  # idle and iowait
+    return (sum(jiffies) - idle) / os.sysconf("SC_CLK_TCK")
 
-    Compute threads that are never preempted read about 1.0 (idle OpenMP threads spin, so waits count);
-    well below 1.0 means something else ran on these cores and the timings are pessimistic.
+
+class CpuMonitor:
+    """Was this block alone on the machine? Timings on a shared CPU are only as good as that.
+
+    share: CPU time this process got / (wall time x threads). About 1.0 when its compute threads
+    were never preempted (idle OpenMP threads spin, so waits count too).
+    others: cores that other processes used meanwhile, on average (the DataLoader workers count
+    here; they use a few percent of one core).
     """
 
     def __init__(self, threads: int):
         self.threads = threads
-        self.share = math.nan
+        self.share = self.others = math.nan
 
-    def __enter__(self) -> "CpuShare":
-        self.wall, self.cpu = time.perf_counter(), time.process_time()
+    def __enter__(self) -> "CpuMonitor":
+        self.wall, self.cpu, self.busy = time.perf_counter(), time.process_time(), machine_busy_seconds()
         return self
 
     def __exit__(self, *exc) -> None:
         wall = time.perf_counter() - self.wall
-        self.share = (time.process_time() - self.cpu) / (wall * self.threads)
+        cpu = time.process_time() - self.cpu
+        self.share = cpu / (wall * self.threads)
+        self.others = max(machine_busy_seconds() - self.busy - cpu, 0.0) / wall
+
+    def as_dict(self) -> dict:
+        return {"cpu_share": self.share, "other_cores": self.others}
 
 
 def best_matmul_seconds(n: int, dtype: torch.dtype, device: torch.device, repeats: int) -> float:
@@ -136,13 +161,13 @@ def best_matmul_seconds(n: int, dtype: torch.dtype, device: torch.device, repeat
 def measured_peak(dtype: torch.dtype, device: torch.device, sizes: tuple[int, ...]) -> dict:
     """Best-of-repeats GFLOP/s of square matmuls of each size; the best size is the peak."""
     by_size = {}
-    with CpuShare(torch.get_num_threads()) as share:
+    with CpuMonitor(torch.get_num_threads()) as monitor:
         for n in sizes:
             seconds = best_matmul_seconds(n, dtype, device, repeats=5 if device.type == "cpu" else 20)
             by_size[n] = 2 * n**3 / seconds / 1e9
     return {"dtype": str(dtype).removeprefix("torch."), "gflops_by_size": by_size,
             "gflops": max(by_size.values()), "source": "measured",
-            "cpu_share": share.share if device.type == "cpu" else None}
+            "cpu": monitor.as_dict() if device.type == "cpu" else None}
 
 
 def gpu_table_peak(device: torch.device) -> dict | None:
@@ -163,9 +188,11 @@ def peaks(device: torch.device, amp: bool) -> dict[str, dict]:
     """The peaks MFU is quoted against: name -> {"gflops": ..., ...}. The first one is the headline."""
     if device.type == "cuda":
         return {"bf16": gpu_table_peak(device) or measured_peak(torch.bfloat16, device, (GPU_PEAK_SIZE,))}
-    # fp32 is what the default run computes in; bf16 is only a fair yardstick when autocast is on.
+    # fp32 is what the default run computes in; bf16 is only a fair yardstick when autocast is on,
+    # and only where the CPU has bf16 (elsewhere the Trainer trains in fp32, and emulated bf16
+    # matmuls of these sizes would take minutes).
     result = {"fp32": measured_peak(torch.float32, device, CPU_PEAK_SIZES)}
-    if amp:
+    if amp and cpu_has_native_bf16():
         result["bf16"] = measured_peak(torch.bfloat16, device, CPU_PEAK_SIZES)
     return result
 
@@ -243,7 +270,7 @@ def run_steps(trainer: Trainer, data, device: torch.device, n: int) -> list[tupl
     return [timed_step(trainer, data, device) for _ in range(n)]
 
 
-def summarise(name: str, model: GPT, trainer: Trainer, samples, cpu_share: float, args) -> dict:
+def summarise(name: str, model: GPT, trainer: Trainer, samples, cpu: dict | None, args) -> dict:
     """The figures of one model. Headline rates use the MEDIAN step: robust to a stray slow step on a
     shared machine; the mean is kept alongside."""
     data_s = [s[0] for s in samples]
@@ -273,7 +300,7 @@ def summarise(name: str, model: GPT, trainer: Trainer, samples, cpu_share: float
         "data_wait_ms_mean": statistics.fmean(data_s) * 1e3,
         "data_wait_pct": 100 * sum(data_s) / sum(step_s),
         "achieved_tflops": achieved_gflops / 1e3,
-        "cpu_share": cpu_share,
+        "cpu": cpu,
         "loss_first": losses[0], "loss_last": losses[-1],
     }
 
@@ -315,14 +342,16 @@ def profile_steps(trainer: Trainer, data, device: torch.device, args) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
+    with CpuMonitor(args.threads) as monitor, profile(activities=activities) as prof:
         run_steps(trainer, data, device, args.profile_steps)
+    cpu = monitor.as_dict() if device.type == "cpu" else None
     averages = prof.key_averages()
     sort_keys = ["self_cpu_time_total"] + (["self_device_time_total"] if device.type == "cuda" else [])
     for key in sort_keys:
-        print(f"\nTop {args.profile_top} ops by {key} over {args.profile_steps} steps:")
+        print(f"\nTop {args.profile_top} ops by {key} over {args.profile_steps} steps:{cpu_note(cpu)}")
         print(averages.table(sort_by=key, row_limit=args.profile_top, max_name_column_width=48))
-    return {"top_ops": top_ops(averages, args), "self_cpu_by_category": by_category(averages, args)}
+    return {"top_ops": top_ops(averages, args), "self_cpu_by_category": by_category(averages, args),
+            "cpu": cpu}
 
 
 def top_ops(averages, args) -> list[dict]:
@@ -349,15 +378,17 @@ def by_category(averages, args) -> dict[str, dict]:
 
 # --------------------------------------------------------------------------------------------- reports
 
-LOW_CPU_SHARE = 0.9  # below this, something else was using our cores: say the figures are pessimistic
+# Past these, something else was using the cores: the figures are pessimistic and say so.
+LOW_CPU_SHARE = 0.9
+BUSY_OTHER_CORES = 0.15
 
 
-def share_note(share: float | None) -> str:
-    if share is None:
+def cpu_note(cpu: dict | None) -> str:
+    if cpu is None:
         return ""
-    note = f"  cpu share {share:.2f}"
-    if share < LOW_CPU_SHARE:
-        note += " (LOW: other processes competed for these cores; rerun on a quiet machine)"
+    note = f"  [cpu share {cpu['cpu_share']:.2f}, other processes {cpu['other_cores']:.2f} cores]"
+    if cpu["cpu_share"] < LOW_CPU_SHARE or cpu["other_cores"] > BUSY_OTHER_CORES:
+        note += " NOISY: other processes competed for these cores; rerun on a quiet machine"
     return note
 
 
@@ -366,7 +397,7 @@ def print_peaks(peak: dict[str, dict], threads: int, device: torch.device) -> No
         sizes = ", ".join(f"{n}: {g:.1f}" for n, g in p.get("gflops_by_size", {}).items())
         where = f"{threads} threads" if device.type == "cpu" else torch.cuda.get_device_name(device)
         print(f"peak {key} matmul ({where}, {p['source']}): {p['gflops']:.1f} GFLOP/s"
-              + (f"  [by size {sizes}]" if sizes else "") + share_note(p.get("cpu_share")))
+              + (f"  [by size {sizes}]" if sizes else "") + cpu_note(p.get("cpu")))
 
 
 def print_result(r: dict) -> None:
@@ -374,10 +405,10 @@ def print_result(r: dict) -> None:
     print(f"{r['model']} ({r['n_layer']}L/{r['n_head']}H/{r['n_embd']}C, {r['params_m']:.2f}M params, "
           f"{r['flops_per_token'] / 1e6:.1f} MFLOP/token, {r['precision']})\n"
           f"    {r['tokens_per_s']:,.0f} tok/s  {r['ms_per_step_median']:.1f} ms/step median "
-          f"(mean {r['ms_per_step_mean']:.1f}, min {r['ms_per_step_min']:.1f}, max {r['ms_per_step_max']:.1f})  "
-          f"data wait {r['data_wait_pct']:.2f}%\n"
+          f"(mean {r['ms_per_step_mean']:.1f}, min {r['ms_per_step_min']:.1f}, "
+          f"max {r['ms_per_step_max']:.1f})  data wait {r['data_wait_pct']:.2f}%\n"
           f"    {r['achieved_tflops'] * 1e3:.1f} GFLOP/s  {mfu}  "
-          f"loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}" + share_note(r["cpu_share"]))
+          f"loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}" + cpu_note(r["cpu"]))
 
 
 def cpu_name() -> str:
@@ -419,10 +450,10 @@ def bench_model(name: str, args, dataset, data_config, env, snapshot_dir) -> dic
     model.train()
     data = batches(trainer)
     run_steps(trainer, data, env.device, args.warmup)
-    with CpuShare(args.threads) as share:
+    with CpuMonitor(args.threads) as monitor:
         samples = run_steps(trainer, data, env.device, args.steps)
-    cpu_share = share.share if env.device.type == "cpu" else None
-    result = summarise(name, model, trainer, samples, cpu_share, args)
+    cpu = monitor.as_dict() if env.device.type == "cpu" else None
+    result = summarise(name, model, trainer, samples, cpu, args)
     print_result(result)
     if args.profile:
         result["profile"] = profile_steps(trainer, data, env.device, args)
@@ -443,9 +474,10 @@ def main(argv=None) -> None:
         print_peaks(peak, args.threads, env.device)
         results = [bench_model(name, args, dataset, data_config, env, snapshot_dir) for name in args.models]
         if env.device.type == "cpu":
-            peak = best_of(peak, peaks(env.device, args.amp))
-            print("peak measured again after the models; MFU uses the better of the two:")
-            print_peaks(peak, args.threads, env.device)
+            again = peaks(env.device, args.amp)
+            print("peak measured again after the models (MFU uses the better of the two):")
+            print_peaks(again, args.threads, env.device)
+            peak = best_of(peak, again)
         print("\nsummary:")
         for result in results:
             add_mfu(result, peak)
