@@ -1,4 +1,5 @@
 """Batches for each rank: a DistributedSampler per split that can resume part-way through an epoch."""
+import os
 from typing import Iterator
 
 import torch
@@ -27,8 +28,19 @@ class ResumableDistributedSampler(DistributedSampler):
         return self.num_samples - self._skip
 
 
+def usable_workers(requested: int, env: DistEnv) -> int:
+    """Workers beyond the CPU cores a rank can call its own only compete with training for them.
+
+    A sample is two slices of one tensor, so even one worker keeps far ahead of the model.
+    """
+    cores_per_rank = (os.cpu_count() or 1) // env.local_world_size
+    return min(requested, max(cores_per_rank - 1, 0))
+
+
 def make_dataloader(dataset: Dataset, batch_size: int, workers: int, env: DistEnv,
                     shuffle: bool, seed: int) -> DataLoader:
+    """Batches of this rank's share; `workers` is capped at the cores the rank can spare."""
+    workers = usable_workers(workers, env)
     return DataLoader(
         dataset,
         batch_size=batch_size,

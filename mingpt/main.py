@@ -83,7 +83,7 @@ def startup_summary(config: TrainConfig, env: DistEnv, dataset: CharDataset, tra
     """What is about to run, as the person who started it needs to check it."""
     gpt, tc, data = unwrap(trainer.model).config, config.trainer_config, config.data_config
     params = sum(p.numel() for p in trainer.model.parameters())
-    tokens_per_step = tc.batch_size * env.world_size * dataset.block_size
+    tokens_per_step = tc.batch_size * tc.grad_accum_steps * env.world_size * dataset.block_size
     resume = (f"resuming after epoch {trainer.progress.finished_epoch}, step {trainer.progress.step}"
               if trainer.progress.step else "starting from scratch")
     return [
@@ -92,8 +92,9 @@ def startup_summary(config: TrainConfig, env: DistEnv, dataset: CharDataset, tra
         f"World: {env.world_size} process(es) on {env.num_nodes} node(s), {env.backend} on "
         f"{env.device.type}; {tc.distributed_method}{' with CPU offload' if tc.cpu_offload else ''}; "
         f"{trainer.precision}; {local_parameter_bytes(trainer.model) / 1e6:.1f} MB of parameters per rank",
-        f"Batch: {tc.batch_size} per process, {tokens_per_step:,} tokens per step, "
-        f"{trainer.steps_per_epoch} steps per epoch, {tc.max_epochs} epochs",
+        f"Batch: {tc.batch_size} per process x {tc.grad_accum_steps} accumulation, {tokens_per_step:,} tokens "
+        f"per step, {trainer.steps_per_epoch} steps per epoch, {tc.max_epochs} epochs, "
+        f"{trainer.train_loader.num_workers} data worker(s) per process",
         f"Data: {data.path}, {len(dataset.data):,} characters, vocabulary of {dataset.vocab_size}; "
         f"{len(train_set):,} train and {len(test_set):,} test samples ({data.split} split)",
         f"Snapshots: {tc.snapshot_path} every {tc.save_every} epoch(s)"

@@ -68,16 +68,42 @@ class GPTConfig:
             check(0.0 <= value < 1.0, f"gpt_config.{name}", f"must be in [0, 1), got {value}")
 
 
+LR_SCHEDULES = ("constant", "cosine")
+
+
 @dataclass
 class OptimizerConfig:
     weight_decay: float = 0.1
     """AdamW decoupled weight decay, applied to Linear weights only."""
     learning_rate: float = 3e-4
+    lr_schedule: str = "constant"
+    """constant (the original's) or cosine: decay to min_lr_ratio x learning_rate by the last step."""
+    warmup_steps: int = 0
+    """Optimizer steps of linear warmup from 0 (either schedule)."""
+    min_lr_ratio: float = 0.1
 
     def __post_init__(self) -> None:
         check_positive(self, "optimizer_config", "learning_rate")
-        check(self.weight_decay >= 0, "optimizer_config.weight_decay",
-              f"must not be negative, got {self.weight_decay}")
+        for key in ("weight_decay", "warmup_steps"):
+            value = getattr(self, key)
+            check(value >= 0, f"optimizer_config.{key}", f"must not be negative, got {value}")
+        check(self.lr_schedule in LR_SCHEDULES, "optimizer_config.lr_schedule",
+              f"must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
+        check(0 <= self.min_lr_ratio <= 1, "optimizer_config.min_lr_ratio",
+              f"must be in [0, 1], got {self.min_lr_ratio}")
+
+
+def learning_rate_at(step: int, total_steps: int, config: OptimizerConfig) -> float:
+    """The learning rate for optimizer step `step` (0-based): a pure function of the step, so a
+    resumed run needs no scheduler state."""
+    if step < config.warmup_steps:
+        return config.learning_rate * (step + 1) / config.warmup_steps
+    if config.lr_schedule == "constant":
+        return config.learning_rate
+    decay_steps = max(total_steps - config.warmup_steps, 1)
+    progress = min((step - config.warmup_steps) / decay_steps, 1.0)
+    floor = config.min_lr_ratio * config.learning_rate
+    return floor + 0.5 * (1 + math.cos(math.pi * progress)) * (config.learning_rate - floor)
 
 
 class CausalSelfAttention(nn.Module):

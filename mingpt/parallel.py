@@ -11,6 +11,7 @@ snapshot holds the same thing whoever wrote it: unprefixed parameter names, and 
 keyed by parameter name rather than by position. That is what lets DDP resume FSDP's snapshots,
 and any world size resume any other's.
 """
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -81,6 +82,27 @@ def grad_scaler(model: nn.Module, precision: Precision, env: DistEnv) -> torch.a
     if isinstance(model, FSDPModule) and precision.needs_grad_scaler:
         return ShardedGradScaler(env.device.type, process_group=dist.group.WORLD)
     return torch.amp.GradScaler(env.device.type, enabled=precision.needs_grad_scaler)
+
+
+def gradient_sync(model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
+    """Skip the gradient all-reduce (DDP) or reduce-scatter (FSDP) on accumulation micro-batches:
+    gradients are then only synchronised once, on the last micro-batch of a step."""
+    if enabled:
+        return contextlib.nullcontext()
+    if isinstance(model, DDP):
+        return model.no_sync()
+    if isinstance(model, FSDPModule):
+        return _fsdp_no_sync(model)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model: FSDPModule):
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -18,9 +18,9 @@ from errors import check, check_positive
 from flops import peak_flops
 from logger import clear_status, log, warn_once
 from metrics import MetricsLog, default_metrics_path
-from model import OptimizerConfig, create_optimizer
+from model import OptimizerConfig, create_optimizer, learning_rate_at
 from monitor import TrainingMonitor
-from parallel import METHODS, Parallelism, computes_in_precision, grad_scaler, parallelize, unwrap
+from parallel import METHODS, Parallelism, computes_in_precision, grad_scaler, gradient_sync, parallelize, unwrap
 from precision import AMP_DTYPES, resolve_precision
 from process_group import DistEnv, all_gather_objects, all_reduce_sum
 from sharded_snapshot import ShardedSnapshotStore
@@ -37,7 +37,11 @@ MAX_RANKS = 100_000  # spaces per-epoch seeds apart, so no two (epoch, rank) pai
 class TrainerConfig:
     max_epochs: int = 10
     batch_size: int = 216
-    """Samples per step on each process (the global batch is batch_size x world size)."""
+    """Samples per micro-batch on each process (global batch: batch_size x grad_accum_steps x world)."""
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step; gradients are synchronised on the last one only."""
+    compile: bool = False
+    """torch.compile the model (a large speed-up on recent GPUs; first steps wait for compilation)."""
     data_loader_workers: int = 4
     """DataLoader worker processes per rank; 0 loads in the training process."""
     grad_norm_clip: float = 1.0
@@ -72,7 +76,7 @@ class TrainerConfig:
     """Seconds between progress lines (tokens/s, MFU, ETA); a terminal gets a live bar instead."""
 
     def __post_init__(self) -> None:
-        check_positive(self, "trainer_config", "max_epochs", "batch_size", "save_every",
+        check_positive(self, "trainer_config", "max_epochs", "batch_size", "grad_accum_steps", "save_every",
                        "grad_norm_clip", "log_every", "keep_last", "progress_interval_s")
         for key in ("data_loader_workers", "save_every_steps"):
             value = getattr(self, key)
@@ -123,14 +127,18 @@ class Trainer:
         self.vocab = vocab
         self.block_size = unwrap(model).config.block_size
         self.precision = resolve_precision(config.use_amp, config.amp_dtype, env.device)
+        if config.compile:
+            model.compile()  # in place: parameter names, and so snapshots, stay as they are
         self.model = parallelize(model, Parallelism(config.distributed_method, config.cpu_offload),
                                  self.precision, env)
+        self.optimizer_config = optimizer_config
         self.optimizer = create_optimizer(self.model, optimizer_config)
         self.scaler = grad_scaler(self.model, self.precision, env)
         # FSDP casts parameters itself; autocast on top would only add casts.
         self.autocast = contextlib.nullcontext if computes_in_precision(self.model) else self.precision.autocast
-        self.train_loader = self._dataloader(train_dataset, shuffle=True)
-        self.test_loader = self._dataloader(test_dataset, shuffle=False) if test_dataset else None
+        # A training batch holds a whole optimizer step: grad_accum_steps micro-batches.
+        self.train_loader = self._dataloader(train_dataset, config.batch_size * config.grad_accum_steps, True)
+        self.test_loader = self._dataloader(test_dataset, config.batch_size, False) if test_dataset else None
         self.snapshots = open_snapshot_store(config)
         metrics_path = config.metrics_path or default_metrics_path(config.snapshot_path)
         if env.is_main:
@@ -165,8 +173,8 @@ class Trainer:
         clear_status()
         self.metrics.close()
 
-    def _dataloader(self, dataset: Dataset, shuffle: bool):
-        return make_dataloader(dataset, self.config.batch_size, self.config.data_loader_workers,
+    def _dataloader(self, dataset: Dataset, batch_size: int, shuffle: bool):
+        return make_dataloader(dataset, batch_size, self.config.data_loader_workers,
                                self.env, shuffle=shuffle, seed=self.config.seed)
 
     def _to_device(self, batch: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -183,7 +191,7 @@ class Trainer:
         first_batch = self.progress.epoch_step
         sampler = self.train_loader.sampler
         sampler.set_epoch(epoch)
-        sampler.skip_next(first_batch * self.config.batch_size)
+        sampler.skip_next(first_batch * self.train_loader.batch_size)
         if self._rng_to_restore is not None:
             restore_rng(self._rng_to_restore, self.env.device)
             self._rng_to_restore = None
@@ -216,16 +224,31 @@ class Trainer:
         self.progress.tokens += batch_len * self.env.world_size * self.block_size
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """One optimizer step. The scaler is a no-op unless fp16 needs it."""
-        with self.autocast():
-            _, loss = self.model(inputs, targets)
+        """One optimizer step over a batch of grad_accum_steps micro-batches; returns its mean loss.
+
+        The scaler is a no-op unless fp16 needs it.
+        """
+        self._set_learning_rate()
         self.optimizer.zero_grad(set_to_none=True)
-        self.scaler.scale(loss).backward()
+        micro_batches = list(zip(inputs.split(self.config.batch_size), targets.split(self.config.batch_size)))
+        total_loss = torch.zeros((), device=inputs.device)
+        for index, (micro_inputs, micro_targets) in enumerate(micro_batches):
+            share = len(micro_inputs) / len(inputs)  # an epoch's last batch may be short
+            with gradient_sync(self.model, enabled=index == len(micro_batches) - 1):
+                with self.autocast():
+                    _, loss = self.model(micro_inputs, micro_targets)
+                self.scaler.scale(loss * share).backward()
+            total_loss += loss.detach().float() * share
         self.scaler.unscale_(self.optimizer)  # clip true gradients, not scaled ones
         nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_norm_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        return loss.detach()
+        return total_loss
+
+    def _set_learning_rate(self) -> None:
+        lr = learning_rate_at(self.progress.step, self.monitor.total_steps, self.optimizer_config)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
     @torch.no_grad()
     def evaluate(self, epoch: int) -> float:

@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 from errors import ConfigError
-from model import GPT, PRESETS, GPTConfig, OptimizerConfig, create_optimizer, parameter_groups
+from model import GPT, PRESETS, GPTConfig, OptimizerConfig, create_optimizer, learning_rate_at, parameter_groups
 
 
 def tiny_gpt(**overrides) -> GPT:
@@ -102,3 +102,19 @@ def test_flops_per_token_counts_matmul_weights():
     model = tiny_gpt()
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
     assert model.flops_per_token() == 6 * linear + 6 * 2 * 16 * 32
+
+
+def test_learning_rate_warms_up_then_follows_the_schedule():
+    cosine = OptimizerConfig(learning_rate=1.0, lr_schedule="cosine", warmup_steps=10, min_lr_ratio=0.1)
+    assert learning_rate_at(0, 110, cosine) == pytest.approx(0.1)
+    assert learning_rate_at(9, 110, cosine) == pytest.approx(1.0)
+    assert learning_rate_at(60, 110, cosine) == pytest.approx(0.55)  # half way down the cosine
+    assert learning_rate_at(110, 110, cosine) == pytest.approx(0.1)
+    assert learning_rate_at(500, 110, cosine) == pytest.approx(0.1)
+    constant = OptimizerConfig(learning_rate=0.5)
+    assert {learning_rate_at(step, 100, constant) for step in (0, 50, 99)} == {0.5}
+
+
+def test_bad_schedule_names_the_key():
+    with pytest.raises(ConfigError, match="optimizer_config.lr_schedule"):
+        OptimizerConfig(lr_schedule="linear")
