@@ -14,16 +14,9 @@ Figures are printed as a table and written as JSON (--json).
 """
 import argparse
 import ctypes
-import json
-import os
-import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "mingpt"))
+from common import RESULTS, benchmark_trainer, emit, run_workers, save_json, timed_steps
 
 
 def tensor_bytes(tensors) -> int:
@@ -64,52 +57,24 @@ def peak_memory(device) -> int:
 
 
 def worker(args: argparse.Namespace) -> None:
-    """Runs under torchrun: time training steps, then rank 0 prints every rank's figures as JSON."""
-    import torch
-
-    from char_dataset import CharDataset
-    from model import GPT, GPTConfig, OptimizerConfig
+    """Runs under torchrun: time training steps, then rank 0 emits every rank's figures."""
     from process_group import all_gather_objects, distributed_session
-    from trainer import Trainer, TrainerConfig
 
-    with distributed_session() as env, tempfile.TemporaryDirectory() as scratch:
-        text = "".join(chr(97 + (i * 7919) % 26) for i in range(200_000))  # no data file needed
-        dataset = CharDataset(text, block_size=args.block_size)
-        torch.manual_seed(0)
-        model = GPT(GPTConfig(n_layer=args.layers, n_head=args.heads, n_embd=args.embd,
-                              vocab_size=dataset.vocab_size, block_size=args.block_size))
-        config = TrainerConfig(batch_size=args.batch_size, data_loader_workers=0, use_amp=args.amp,
-                               amp_dtype="bfloat16", distributed_method=args.method,
-                               snapshot_path=f"{scratch}/snap.pt")
-        trainer = Trainer(config, model, OptimizerConfig(), dataset, None, dataset.vocab, env)
-        batches = iter(trainer.train_loader)
-        for step in range(args.warmup + args.steps):
-            if step == args.warmup:
-                reset_peak_memory(env.device)
-                start = time.perf_counter()
-            inputs, targets = (t.to(env.device) for t in next(batches))
-            trainer.train_step(inputs, targets).item()
-        elapsed = time.perf_counter() - start
-        peak = peak_memory(env.device)
+    with distributed_session() as env, benchmark_trainer(
+            env, args.layers, args.heads, args.embd, args.block_size, batch_size=args.batch_size,
+            use_amp=args.amp, amp_dtype="bfloat16", distributed_method=args.method) as trainer:
+        elapsed = timed_steps(trainer, args.warmup, args.steps, lambda: reset_peak_memory(env.device))
         tokens = args.steps * args.batch_size * args.block_size * env.world_size
-        mine = {"rank": env.rank, "state_mb": held_state_bytes(trainer) / 1e6, "peak_mb": peak / 1e6,
-                "tokens_per_s": tokens / elapsed}
+        mine = {"rank": env.rank, "state_mb": held_state_bytes(trainer) / 1e6,
+                "peak_mb": peak_memory(env.device) / 1e6, "tokens_per_s": tokens / elapsed}
         everyone = all_gather_objects(mine)
         if env.is_main:
             params = sum(p.numel() for p in trainer.model.parameters())
-            print("RESULT " + json.dumps({"method": args.method, "params": params, "ranks": everyone}))
-        del trainer, model
+            emit({"method": args.method, "params": params, "ranks": everyone})
 
 
 def run_method(args: argparse.Namespace, method: str) -> dict:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
-               __file__, "--worker", "--method", method, *forwarded(args)]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    result = subprocess.run(command, capture_output=True, text=True, env=env)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    if result.returncode != 0 or not lines:
-        sys.exit(f"{method} run failed:\n{result.stdout}\n{result.stderr}")
-    return json.loads(lines[0][len("RESULT "):])
+    return run_workers(__file__, args.nproc, args.threads, ["--method", method, *forwarded(args)])
 
 
 def forwarded(args: argparse.Namespace) -> list[str]:
@@ -139,7 +104,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--amp", action="store_true", help="use_amp (bf16 where the device has it)")
-    parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "fsdp.json")
+    parser.add_argument("--json", type=Path, default=RESULTS / "fsdp.json")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--method", default="ddp", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -152,9 +117,7 @@ def main() -> None:
         return
     results = [run_method(args, method) for method in ("ddp", "fsdp")]
     report(results)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"settings": vars(args) | {"json": str(args.json)}, "results": results},
-                                    indent=2))
+    save_json(args.json, {"settings": vars(args), "results": results})
 
 
 if __name__ == "__main__":

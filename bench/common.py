@@ -1,0 +1,79 @@
+"""Pieces the benchmarks share: a trainer over synthetic text, timed steps, and torchrun workers."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+sys.path.insert(0, str(REPO / "mingpt"))  # the project's flat imports (`from model import GPT`)
+
+import torch  # noqa: E402
+
+from char_dataset import CharDataset  # noqa: E402
+from model import GPT, GPTConfig, OptimizerConfig  # noqa: E402
+from process_group import DistEnv  # noqa: E402
+from trainer import Trainer, TrainerConfig  # noqa: E402
+
+RESULT_PREFIX = "RESULT "
+
+
+def synthetic_dataset(block_size: int, chars: int = 200_000) -> CharDataset:
+    """Text needing no data file; its content does not change the cost of a step."""
+    return CharDataset("".join(chr(97 + (i * 7919) % 26) for i in range(chars)), block_size)
+
+
+@contextmanager
+def benchmark_trainer(env: DistEnv, n_layer: int, n_head: int, n_embd: int, block_size: int,
+                      **trainer_settings) -> Iterator[Trainer]:
+    """A Trainer built through the project's code, snapshotting into a scratch folder."""
+    dataset = synthetic_dataset(block_size)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                          vocab_size=dataset.vocab_size, block_size=block_size))
+    with tempfile.TemporaryDirectory() as scratch:
+        settings = {"data_loader_workers": 0, "use_amp": False, "snapshot_path": f"{scratch}/snap.pt",
+                    **trainer_settings}
+        yield Trainer(TrainerConfig(**settings), model, OptimizerConfig(), dataset, None, dataset.vocab, env)
+
+
+def timed_steps(trainer: Trainer, warmup: int, steps: int, before_timing=lambda: None) -> float:
+    """Seconds for `steps` training steps after `warmup` untimed ones (each waits for the device)."""
+    batches = iter(trainer.train_loader)
+    start = time.perf_counter()
+    for step in range(warmup + steps):
+        if step == warmup:
+            before_timing()
+            start = time.perf_counter()
+        inputs, targets = (t.to(trainer.env.device) for t in next(batches))
+        trainer.train_step(inputs, targets).item()
+    return time.perf_counter() - start
+
+
+def emit(result: dict) -> None:
+    """A worker's figures, for run_workers to find in its output."""
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+def run_workers(script: str, nproc: int, threads: int, args: list[str]) -> dict:
+    """Run `script --worker args` on nproc processes (torchrun if more than one); its RESULT."""
+    launcher = [sys.executable] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    result = subprocess.run([*launcher, script, "--worker", *map(str, args)], capture_output=True, text=True,
+                            env=env)
+    found = [line for line in result.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if result.returncode != 0 or not found:
+        sys.exit(f"{script} {args} failed:\n{result.stdout}\n{result.stderr}")
+    return json.loads(found[0][len(RESULT_PREFIX):])
+
+
+def save_json(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, default=str))
+    print(f"wrote {path}")
