@@ -67,7 +67,6 @@ def main() -> None:
         finally:
             process.terminate()
         results["pause_s"] = best_of(args.repeats, lambda: trainer._save_snapshot("benchmark"))
-        del trainer
     print(f"snapshot of the default model: {size_mb:.0f} MB")
     for where in ("local", "s3"):
         r = results[where]

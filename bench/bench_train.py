@@ -16,6 +16,7 @@ Examples (from the repository root):
     .venv/bin/python bench/bench_train.py --models default --profile
     .venv/bin/python bench/bench_train.py --amp --steps 50         # bf16 autocast, MFU vs both peaks
     .venv/bin/python bench/bench_train.py --threads 1 --batch-size 16 --json /tmp/train.json
+    .venv/bin/python bench/bench_train.py --dropout 0 --compile --warmup 5   # what dropout and eager cost
 
 This is a benchmark, not a test: it asserts nothing beyond a finite loss.
 """
@@ -39,6 +40,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "mingpt"))  # the project uses flat imports (`from model import GPT`)
 
 from char_dataset import CharDataset, DataConfig, read_text, split_dataset  # noqa: E402
+from flops import gpu_peak_flops  # noqa: E402
 from logger import configure_logging, log  # noqa: E402
 from model import GPT, PRESETS, GPTConfig, OptimizerConfig  # noqa: E402
 from precision import cpu_has_native_bf16  # noqa: E402
@@ -49,15 +51,6 @@ DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 DEFAULT_JSON = REPO_ROOT / "bench" / "results" / "train.json"
 SEED = 1337
 
-# Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, matched in order against
-# torch.cuda.get_device_name(); H100 SXM reports itself as "H100 80GB HBM3". Anything else is measured.
-GPU_BF16_PEAK_TFLOPS = (
-    ("H100 PCIe", 756.0),
-    ("H100 SXM", 989.0),
-    ("H100 80GB HBM3", 989.0),
-    ("H200", 989.0),
-    ("A100", 312.0),
-)
 CPU_PEAK_SIZES = (1024, 2048, 3072)  # square matmuls; the best of them is the peak
 GPU_PEAK_SIZE = 8192
 
@@ -79,6 +72,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for compute and the peak")
     p.add_argument("--workers", type=int, default=1, help="TrainerConfig.data_loader_workers")
     p.add_argument("--amp", action="store_true", help="TrainerConfig.use_amp (bf16 autocast on CPU)")
+    p.add_argument("--dropout", type=float, default=None,
+                   help="set GPTConfig embd_pdrop, resid_pdrop and attn_pdrop (default: GPTConfig's own)")
+    p.add_argument("--compile", action="store_true",
+                   help="TrainerConfig.compile (torch.compile); raise --warmup to cover the compilation")
     p.add_argument("--amp-dtype", default="bfloat16", choices=["bfloat16", "float16"],
                    help="TrainerConfig.amp_dtype with --amp on CUDA (CPUs always use bf16)")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA,
@@ -171,11 +168,12 @@ def measured_peak(dtype: torch.dtype, device: torch.device, sizes: tuple[int, ..
 
 
 def gpu_table_peak(device: torch.device) -> dict | None:
-    name = torch.cuda.get_device_name(device)
-    for key, tflops in GPU_BF16_PEAK_TFLOPS:
-        if key in name:
-            return {"dtype": "bfloat16", "gflops": tflops * 1e3, "source": f"datasheet ({key}, dense)"}
-    return None
+    """The dense bf16 datasheet peak from the project's table (flops.py: H100 SXM/H200 989 TFLOP/s,
+    H100 PCIe 756, A100 312, ...), the figure the trainer's own MFU uses; None for a GPU not in it."""
+    flops = gpu_peak_flops(device)
+    if flops is None:
+        return None
+    return {"dtype": "bfloat16", "gflops": flops / 1e9, "source": "datasheet, dense"}
 
 
 def best_of(first: dict[str, dict], second: dict[str, dict]) -> dict[str, dict]:
@@ -220,18 +218,23 @@ def load_data(path: Path, block_size: int) -> tuple[CharDataset, DataConfig, str
 
 # ----------------------------------------------------------------------------------------------- model
 
-def gpt_config(name: str) -> GPTConfig:
-    if name == "default":
-        return GPTConfig()
-    return GPTConfig(model_type=name, n_layer=None, n_head=None, n_embd=None)
+def gpt_config(name: str, dropout: float | None) -> GPTConfig:
+    config = GPTConfig() if name == "default" else GPTConfig(model_type=name, n_layer=None, n_head=None,
+                                                             n_embd=None)
+    if dropout is None:
+        return config
+    return replace(config, embd_pdrop=dropout, resid_pdrop=dropout, attn_pdrop=dropout)
 
 
 def build_trainer(name: str, args, dataset: CharDataset, data_config: DataConfig, env: DistEnv,
                   snapshot_dir: str) -> tuple[GPT, Trainer]:
     train_set, test_set = split_dataset(dataset, data_config, SEED)
-    config = replace(gpt_config(name), vocab_size=dataset.vocab_size, block_size=dataset.block_size)
+    config = replace(gpt_config(name, args.dropout), vocab_size=dataset.vocab_size,
+                     block_size=dataset.block_size)
     torch.manual_seed(SEED)
     model = GPT(config)
+    # compile is passed only when asked for, so the default run needs nothing newer than the Trainer.
+    extra = {"compile": True} if args.compile else {}
     trainer_config = TrainerConfig(
         batch_size=args.batch_size,
         data_loader_workers=args.workers,
@@ -239,6 +242,7 @@ def build_trainer(name: str, args, dataset: CharDataset, data_config: DataConfig
         amp_dtype=args.amp_dtype,
         # A path that never exists: the Trainer must not resume from someone's gpt_snapshot.pt.
         snapshot_path=str(Path(snapshot_dir) / f"{name}.pt"),
+        **extra,
     )
     trainer = Trainer(trainer_config, model, OptimizerConfig(), train_set, test_set, dataset.vocab, env)
     return model, trainer
@@ -288,6 +292,8 @@ def summarise(name: str, model: GPT, trainer: Trainer, samples, cpu: dict | None
         "n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_embd": cfg.n_embd,
         "vocab_size": cfg.vocab_size, "block_size": cfg.block_size,
         "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+        "dropout": [cfg.embd_pdrop, cfg.resid_pdrop, cfg.attn_pdrop],
+        "compile": args.compile,
         "precision": str(trainer.precision),
         "flops_per_token": flops_per_token,
         "tokens_per_step": tokens_per_step,
@@ -403,7 +409,8 @@ def print_peaks(peak: dict[str, dict], threads: int, device: torch.device) -> No
 def print_result(r: dict) -> None:
     mfu = "  ".join(f"MFU({k}) {v * 100:.1f}%" for k, v in r.get("mfu", {}).items())
     print(f"{r['model']} ({r['n_layer']}L/{r['n_head']}H/{r['n_embd']}C, {r['params_m']:.2f}M params, "
-          f"{r['flops_per_token'] / 1e6:.1f} MFLOP/token, {r['precision']})\n"
+          f"{r['flops_per_token'] / 1e6:.1f} MFLOP/token, {r['precision']}, dropout {max(r['dropout'])}"
+          f"{', compiled' if r['compile'] else ''})\n"
           f"    {r['tokens_per_s']:,.0f} tok/s  {r['ms_per_step_median']:.1f} ms/step median "
           f"(mean {r['ms_per_step_mean']:.1f}, min {r['ms_per_step_min']:.1f}, "
           f"max {r['ms_per_step_max']:.1f})  data wait {r['data_wait_pct']:.2f}%\n"
