@@ -2,6 +2,7 @@
 
 Anything else that goes wrong is a bug and keeps its traceback.
 """
+import argparse
 
 
 class MinGPTError(Exception):
@@ -35,3 +36,10 @@ def check_positive(config: object, prefix: str, *fields: str) -> None:
     for name in fields:
         value = getattr(config, name)
         check(value > 0, f"{prefix}.{name}", f"must be positive, got {value}")
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse whose mistakes are MinGPTErrors: one line and exit 1, like every other error here."""
+
+    def error(self, message: str) -> None:
+        raise MinGPTError(f"{message} (see --help)")

@@ -18,21 +18,15 @@ from typing import Optional
 import fsspec
 import torch
 
-from errors import MinGPTError, SnapshotError
+from errors import MinGPTError, OneLineArgumentParser, SnapshotError
 from model import GPT, GPTConfig
 from sampling import sample
 from snapshot import Snapshot, SnapshotStore, read_snapshot
 from storage import short_reason
 
+SNAPSHOT_OPTION = "--snapshot"
 # The longest vocabulary an error message lists in full; larger ones are only counted.
 VOCAB_SHOWN_MAX = 120
-
-
-class OneLineArgumentParser(argparse.ArgumentParser):
-    """argparse whose mistakes are MinGPTErrors: one line and exit 1, like every other error here."""
-
-    def error(self, message: str) -> None:
-        raise MinGPTError(f"{message} (see --help)")
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -76,9 +70,8 @@ def find_snapshot(path: str) -> tuple[Snapshot, str]:
     """The snapshot at path (a snapshot file, or the newest in a snapshot folder) and its own path."""
     try:
         snapshot, found = load_file_or_newest(path)
-    except MinGPTError as e:
-        # snapshot.py's advice names the training option; here the same location is --snapshot.
-        raise SnapshotError(str(e).replace("trainer_config.snapshot_path", "--snapshot")) from None
+    except MinGPTError:
+        raise
     except Exception as e:  # an unknown URL protocol, a missing fsspec backend, no credentials
         raise SnapshotError(f"snapshot {path} cannot be reached ({short_reason(e)}); check --snapshot "
                             "and its credentials") from None
@@ -93,8 +86,8 @@ def load_file_or_newest(path: str) -> tuple[Optional[Snapshot], Optional[str]]:
     decides: a .pt path or a folder of snapshot_<step>.pt files."""
     fs, target = fsspec.core.url_to_fs(path)
     if fs.isfile(target):
-        return read_snapshot(path), path
-    return SnapshotStore(path).load_latest()
+        return read_snapshot(path, key=SNAPSHOT_OPTION), path
+    return SnapshotStore(path).read_latest(key=SNAPSHOT_OPTION)
 
 
 def build_model(snapshot: Snapshot, path: str, device: torch.device) -> GPT:

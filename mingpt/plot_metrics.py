@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import EngFormatter  # noqa: E402
 
-from errors import MinGPTError  # noqa: E402
+from errors import MinGPTError, OneLineArgumentParser  # noqa: E402
 from metrics import read_metrics  # noqa: E402
 from storage import short_reason  # noqa: E402
 
@@ -114,7 +114,7 @@ def default_title(path: str) -> str:
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Plot train and eval loss from a metrics file.")
+    parser = OneLineArgumentParser(description="Plot train and eval loss from a metrics file.")
     parser.add_argument("metrics", help="metrics file written beside the snapshot (local path or fsspec URL)")
     parser.add_argument("-o", "--output", default="loss.png",
                         help="PNG to write, a local path or fsspec URL (default loss.png)")
@@ -123,8 +123,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    args = parse_args(argv)
     try:
+        args = parse_args(argv)
         train, evals = load_lines(args.metrics)
         write_png(plot_losses(train, evals, args.title or default_title(args.metrics)), args.output)
     except MinGPTError as error:

@@ -13,7 +13,6 @@ Convert to the single-file format (no process group needed):
 
     python mingpt/sharded_snapshot.py SHARDED_FOLDER OUT.pt
 """
-import argparse
 import contextlib
 import io
 import logging
@@ -40,7 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from errors import MinGPTError, SnapshotError
+from errors import MinGPTError, OneLineArgumentParser, SnapshotError
 from process_group import barrier
 from snapshot import Snapshot, list_entries, read_snapshot, write_snapshot
 from storage import short_reason
@@ -183,11 +182,11 @@ def to_single_file(sharded_folder: str, out_path: str) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description="Convert a sharded snapshot folder to one .pt file.")
+    parser = OneLineArgumentParser(description="Convert a sharded snapshot folder to one .pt file.")
     parser.add_argument("sharded_folder", help="a sharded_<step> folder (local or fsspec URL)")
     parser.add_argument("out_path", help="the single-file snapshot to write (local or fsspec URL)")
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         to_single_file(args.sharded_folder, args.out_path)
     except MinGPTError as error:
         print(f"error: {error}", file=sys.stderr)

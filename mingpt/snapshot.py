@@ -30,7 +30,8 @@ from errors import SnapshotError
 from parallel import gather_full_state, restore_full_state
 from storage import make_folder, parent_folder, short_reason
 
-_ADVICE = "move it away or set trainer_config.snapshot_path to another location"
+TRAINING_KEY = "trainer_config.snapshot_path"
+"""What the user sets to point at snapshots; error messages name it (a command may name its own)."""
 _FOLDER_ENTRY = re.compile(r"snapshot_(\d+)\.pt$")
 
 
@@ -109,8 +110,9 @@ def _remove_quietly(fs: fsspec.AbstractFileSystem, path: str) -> None:
         pass
 
 
-def read_snapshot(path: str) -> Optional[Snapshot]:
+def read_snapshot(path: str, key: str = TRAINING_KEY) -> Optional[Snapshot]:
     """The snapshot at path, None if there is none; SnapshotError if it is not a usable one."""
+    advice = f"move it away or set {key} to another location"
     fs, target = fsspec.core.url_to_fs(path)
     try:
         if not fs.exists(target):
@@ -119,16 +121,16 @@ def read_snapshot(path: str) -> Optional[Snapshot]:
             # Read whole, then parse: much faster than torch.load on a remote file object.
             buffer = io.BytesIO(f.read())
     except Exception as e:
-        raise SnapshotError(f"cannot read snapshot {path} ({short_reason(e)}); check "
-                            "trainer_config.snapshot_path and its credentials") from None
+        raise SnapshotError(f"cannot read snapshot {path} ({short_reason(e)}); check {key} "
+                            "and its credentials") from None
     try:
         state = torch.load(buffer, map_location="cpu", weights_only=True)
     except Exception as e:  # corrupt, truncated, or a pickle that would run code: all refused
-        raise SnapshotError(f"snapshot {path} cannot be loaded ({short_reason(e)}); {_ADVICE}") from None
+        raise SnapshotError(f"snapshot {path} cannot be loaded ({short_reason(e)}); {advice}") from None
     expected = {f.name for f in fields(Snapshot)}
     if not isinstance(state, dict) or set(state) != expected:
         found = sorted(state) if isinstance(state, dict) else type(state).__name__
-        raise SnapshotError(f"snapshot {path} is not a minGPT-DDP snapshot (holds {found}); {_ADVICE}")
+        raise SnapshotError(f"snapshot {path} is not a minGPT-DDP snapshot (holds {found}); {advice}")
     return Snapshot(**state)
 
 
@@ -157,11 +159,16 @@ class SnapshotStore:
                     fs.rm(old_path)
         return target
 
+    def read_latest(self, key: str = TRAINING_KEY) -> tuple[Optional[Snapshot], Optional[str]]:
+        """The newest snapshot and its path, or (None, None)."""
+        path = self.latest(key)
+        snapshot = read_snapshot(path, key) if path else None
+        return (snapshot, path) if snapshot else (None, None)
+
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, model_config: dict[str, Any],
                 vocab: list[str]) -> tuple[Optional[Snapshot], Optional[str]]:
         """Load the newest snapshot, if any, into this rank's model and optimizer."""
-        path = self.latest()
-        snapshot = read_snapshot(path) if path else None
+        snapshot, path = self.read_latest()
         if snapshot is None:
             return None, None
         snapshot.check_matches(model_config, vocab, path)
@@ -172,19 +179,20 @@ class SnapshotStore:
                                 "set trainer_config.snapshot_path to a new location") from None
         return snapshot, path
 
-    def latest(self) -> Optional[str]:
+    def latest(self, key: str = TRAINING_KEY) -> Optional[str]:
         """Path of the newest complete snapshot, or None."""
         if not self.is_folder:
             return self.path
-        entries = self._entries()
+        entries = self._entries(key)
         return entries[-1] if entries else None
 
-    def _entries(self) -> list[str]:
+    def _entries(self, key: str = TRAINING_KEY) -> list[str]:
         """Complete snapshots in the folder, oldest first (temporaries do not match the name)."""
-        return list_entries(self.path, _FOLDER_ENTRY)
+        return list_entries(self.path, _FOLDER_ENTRY, key=key)
 
 
-def list_entries(folder_url: str, pattern: re.Pattern, complete=lambda fs, name: True) -> list[str]:
+def list_entries(folder_url: str, pattern: re.Pattern, complete=lambda fs, name: True,
+                 key: str = TRAINING_KEY) -> list[str]:
     """URLs of the folder's entries whose names match pattern (group 1: a step), oldest first."""
     fs, folder = fsspec.core.url_to_fs(folder_url.rstrip("/"))
     try:
@@ -192,7 +200,7 @@ def list_entries(folder_url: str, pattern: re.Pattern, complete=lambda fs, name:
         steps = sorted((int(m.group(1)), name.rstrip("/")) for name in names
                        if (m := pattern.search(name.rstrip("/"))) and complete(fs, name.rstrip("/")))
     except Exception as e:
-        raise SnapshotError(f"cannot list snapshots in {folder_url} ({short_reason(e)}); check "
-                            "trainer_config.snapshot_path and its credentials") from None
+        raise SnapshotError(f"cannot list snapshots in {folder_url} ({short_reason(e)}); check {key} "
+                            "and its credentials") from None
     prefix = folder_url.split("://")[0] + "://" if "://" in folder_url else ""
     return [prefix + name for _, name in steps]

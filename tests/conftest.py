@@ -22,3 +22,13 @@ def s3(tmp_path_factory) -> S3Server:
     yield server
     process.terminate()
     process.wait(timeout=10)
+
+
+@pytest.fixture
+def world_of_one():
+    """An in-process gloo group of one, for code that gathers state through torch.distributed."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

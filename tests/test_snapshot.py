@@ -101,23 +101,32 @@ def test_a_snapshot_of_another_model_or_vocabulary_is_refused():
         saved.check_matches(config, list("abd"), "p")
 
 
-def test_folder_store_keeps_the_newest_and_resumes_from_the_newest(tmp_path):
+@pytest.fixture
+def model_and_optimizer(world_of_one):
+    model = torch.nn.Linear(3, 2)
+    return model, torch.optim.AdamW(model.parameters())
+
+
+def test_folder_store_keeps_the_newest_and_resumes_from_the_newest(tmp_path, model_and_optimizer):
     store = SnapshotStore(str(tmp_path / "run"), keep_last=2)
-    assert store.is_folder and store.load_latest() == (None, None)
+    assert store.is_folder and store.read_latest() == (None, None)
     for step in (5, 10, 15):
-        store.save(snapshot(step=step))
+        store.save(*model_and_optimizer, snapshot(step=step), is_main=True)
     (tmp_path / "run" / "snapshot_000000020.pt.tmp-1234abcd").write_bytes(b"an interrupted save")
     assert sorted(p.name for p in (tmp_path / "run").glob("*.pt")) == ["snapshot_000000010.pt",
                                                                         "snapshot_000000015.pt"]
-    latest, path = store.load_latest()
+    latest, path = store.read_latest()
     assert latest.step == 15 and path.endswith("snapshot_000000015.pt")
+    assert set(latest.model_state) == {"weight", "bias"}
 
 
-def test_file_store_replaces_its_one_file(tmp_path):
+def test_file_store_replaces_its_one_file_and_only_rank_zero_writes(tmp_path, model_and_optimizer):
     store = SnapshotStore(str(tmp_path / "snap.pt"))
-    store.save(snapshot(step=1))
-    store.save(snapshot(step=2))
-    assert os.listdir(tmp_path) == ["snap.pt"] and store.load_latest()[0].step == 2
+    store.save(*model_and_optimizer, snapshot(step=1), is_main=False)
+    assert os.listdir(tmp_path) == []
+    store.save(*model_and_optimizer, snapshot(step=1), is_main=True)
+    store.save(*model_and_optimizer, snapshot(step=2), is_main=True)
+    assert os.listdir(tmp_path) == ["snap.pt"] and store.read_latest()[0].step == 2
 
 
 def test_rng_states_and_progress_round_trip(tmp_path):
