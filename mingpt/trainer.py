@@ -150,10 +150,11 @@ class Trainer:
         self._resume()
         self.metrics.start(resumed_step=self.progress.step)
         self.steps_per_epoch = len(self.train_loader)
+        self.total_steps = config.max_epochs * self.steps_per_epoch
         self.monitor = TrainingMonitor(
             flops_per_token=unwrap(self.model).flops_per_token(),
             peak_flops=peak_flops(env.device) if env.is_main else None,
-            total_steps=config.max_epochs * self.steps_per_epoch,
+            total_steps=self.total_steps,
             max_epochs=config.max_epochs,
             interval_s=config.progress_interval_s,
             active=env.is_main,
@@ -246,7 +247,7 @@ class Trainer:
         return total_loss
 
     def _set_learning_rate(self) -> None:
-        lr = learning_rate_at(self.progress.step, self.monitor.total_steps, self.optimizer_config)
+        lr = learning_rate_at(self.progress.step, self.total_steps, self.optimizer_config)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
