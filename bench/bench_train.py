@@ -8,7 +8,8 @@ machine at the same thread count (CPU) or the GPU's dense bf16 datasheet peak (C
 
 Rates use the median step (the mean is in the JSON too). On CPU the peak is measured before and after
 the models and the better one kept, and every measurement says how much of the machine it had: on a
-shared machine a busy neighbour can halve the figures, and the output flags that as NOISY.
+shared machine a busy neighbour can halve the figures, and the output flags that as NOISY. Load from
+outside this machine (other VMs on the host) cannot be seen from inside: repeat a run to gauge it.
 
 Examples (from the repository root):
 
@@ -322,15 +323,18 @@ def add_mfu(result: dict, peak: dict[str, dict]) -> None:
 # --------------------------------------------------------------------------------------------- profile
 
 # Buckets for the self time of aten ops, checked in order, so that the profile says what MFU is lost to.
-# Anything not listed (views, copies, adds, the autograd engine's own bookkeeping) is "other".
+# In this model only attention runs batched matmuls (bmm: SDPA's unfused path, taken with attention
+# dropout), so they count as attention; "matmul" is then the Linear layers. Anything not listed
+# (copies, adds, bias-gradient sums, the mask multiply of dropout, autograd bookkeeping) is "other".
 OP_CATEGORIES = (
-    ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")),
-    ("dropout", ("aten::bernoulli_", "aten::native_dropout", "aten::dropout")),
+    ("attention", ("aten::_scaled_dot_product", "aten::bmm", "aten::baddbmm", "aten::_softmax",
+                   "aten::_safe_softmax")),
+    ("matmul (Linear)", ("aten::mm", "aten::addmm")),
+    ("dropout RNG", ("aten::bernoulli_", "aten::native_dropout")),
     ("gelu", ("aten::gelu",)),
     ("layernorm", ("aten::native_layer_norm",)),
-    ("softmax (attention)", ("aten::_softmax", "aten::_safe_softmax")),
     ("cross-entropy", ("aten::_log_softmax", "aten::nll_loss")),
-    ("optimizer + clip", ("aten::_fused_adamw", "aten::_foreach_")),
+    ("optimizer + clip", ("aten::_fused_adamw", "aten::_foreach_", "aten::linalg_vector_norm")),
     ("embedding", ("aten::embedding",)),
 )
 
