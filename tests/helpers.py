@@ -1,13 +1,16 @@
 """Helpers for the tests: a small generated text, tiny-model overrides, runners for real processes."""
 import hashlib
+import http.server
 import json
 import os
 import random
 import re
 import subprocess
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 REPO = Path(__file__).resolve().parent.parent
 MINGPT = REPO / "mingpt"
@@ -91,3 +94,37 @@ def run_probe(method: str, text_file: Path, out: Path, nproc: int = 2) -> list[d
                   method, text_file, out])
     assert_ok(result)
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(nproc)]
+
+
+class RunsCode:
+    """Pickles to a call of os.system: a snapshot holding one must be refused, never executed."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@contextmanager
+def serving(body: bytes) -> Iterator[tuple[str, list]]:
+    """An HTTP server on loopback answering every GET with body; yields its URL and a request log."""
+    requests: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            requests.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/input.txt", requests
+    finally:
+        server.shutdown()

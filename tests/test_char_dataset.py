@@ -1,12 +1,9 @@
-import http.server
-import threading
-
 import pytest
 import torch
 
 from char_dataset import CharDataset, DataConfig, fetch_corpus, read_text, split_dataset
 from errors import ConfigError, DataError
-from helpers import make_text
+from helpers import make_text, serving
 
 
 def dataset_of(text: str, block_size: int = 8) -> CharDataset:
@@ -111,29 +108,13 @@ def test_missing_file_is_refused(tmp_path):
         read_text(config(path=str(tmp_path / "absent.txt")))
 
 
-class _OneFile(http.server.BaseHTTPRequestHandler):
-    body = b"served text\n" * 100
-
-    def do_GET(self):
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(self.body)))
-        self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, *args):
-        pass
-
-
 def test_fetch_corpus_downloads_whole_file(tmp_path):
-    server = http.server.HTTPServer(("127.0.0.1", 0), _OneFile)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        dest = tmp_path / "data" / "input.txt"
-        fetch_corpus(f"http://127.0.0.1:{server.server_port}/input.txt", dest)
-        assert dest.read_bytes() == _OneFile.body
-        assert list(dest.parent.iterdir()) == [dest]  # no partial file left beside it
-    finally:
-        server.shutdown()
+    body = b"served text\n" * 100
+    dest = tmp_path / "data" / "input.txt"
+    with serving(body) as (url, _):
+        fetch_corpus(url, dest)
+    assert dest.read_bytes() == body
+    assert list(dest.parent.iterdir()) == [dest]  # no partial file left beside it
 
 
 def test_fetch_corpus_offline_says_what_to_do(tmp_path):

@@ -1,10 +1,7 @@
 """Real multi-process runs: torchrun with 2 gloo workers on the CPU."""
-import http.server
-import threading
-
 import pytest
 
-from helpers import MINGPT, assert_ok, losses, make_text, run_main, run_probe, tiny_overrides
+from helpers import MINGPT, assert_ok, losses, make_text, run_main, run_probe, serving, tiny_overrides
 from metrics import default_metrics_path, read_metrics
 from test_main import copy_of_the_code
 
@@ -81,32 +78,14 @@ def test_a_failing_worker_fails_the_job_with_one_error_line(tmp_path):
     assert result.stderr.count("error: trainer_config.batch_size: must be positive") == 1
 
 
-class _CountingServer(http.server.BaseHTTPRequestHandler):
-    body = make_text(6000).encode()
-    requests = 0
-
-    def do_GET(self):
-        type(self).requests += 1
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(self.body)))
-        self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, *args):
-        pass
-
-
 def test_default_corpus_is_downloaded_once_while_the_other_rank_waits(tmp_path):
     root = copy_of_the_code(tmp_path)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CountingServer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        overrides = [o for o in tiny_overrides("unused", tmp_path / "snap.pt") if not o.startswith("data_config.path")]
+    body = make_text(6000).encode()
+    overrides = [o for o in tiny_overrides("unused", tmp_path / "snap.pt") if not o.startswith("data_config.path")]
+    with serving(body) as (url, requests):
         result = run_main(overrides, nproc=2, cwd=root, script=root / "mingpt" / "main.py",
-                          env={"MINGPT_CORPUS_URL": f"http://127.0.0.1:{server.server_port}/input.txt"})
-    finally:
-        server.shutdown()
+                          env={"MINGPT_CORPUS_URL": url})
     assert_ok(result)
-    assert _CountingServer.requests == 1
-    assert (root / "data" / "input.txt").read_bytes() == _CountingServer.body
+    assert len(requests) == 1
+    assert (root / "data" / "input.txt").read_bytes() == body
     assert "Snapshot saved at epoch 1" in result.stdout

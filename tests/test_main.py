@@ -1,12 +1,11 @@
 """main.py end to end in one process (no torchrun): training, resuming, and refusing bad input."""
-import os
 import pickle
 import shutil
 
 import pytest
 import torch
 
-from helpers import MINGPT, REPO, assert_ok, losses, run_main, sha256, tiny_overrides
+from helpers import MINGPT, REPO, RunsCode, assert_ok, losses, run_main, sha256, tiny_overrides
 
 
 def test_trains_snapshots_and_resumes_after_the_finished_epoch(text_file, tmp_path):
@@ -133,18 +132,11 @@ def test_corrupt_snapshot_is_refused_and_untouched(text_file, trained_snapshot):
     assert trained_snapshot.read_bytes() == content
 
 
-class _RunsCode:
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
 
 def test_snapshot_whose_pickle_calls_a_function_runs_nothing(text_file, trained_snapshot, tmp_path):
     marker = tmp_path / "executed"
     state = torch.load(trained_snapshot, weights_only=True)
-    state["vocab"] = _RunsCode(marker)
+    state["vocab"] = RunsCode(marker)
     torch.save(state, trained_snapshot, pickle_module=pickle)
     before = sha256(trained_snapshot)
     result = run_main(tiny_overrides(text_file, trained_snapshot, trainer_config__max_epochs=2))

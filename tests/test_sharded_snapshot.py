@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from helpers import MINGPT, run_main, sha256, tiny_overrides
+from helpers import MINGPT, RunsCode, run_main, sha256, tiny_overrides
 from snapshot import read_snapshot
 from test_main import one_error_line
 from test_parallel import train
@@ -53,19 +53,12 @@ def test_converts_to_a_single_file_that_resumes(sharded_run, text_file, tmp_path
     assert "Resuming training from snapshot at Epoch 1" in result.stdout
 
 
-class _RunsCode:
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
 
 def test_metadata_that_would_run_code_is_refused(sharded_run, text_file, tmp_path):
     folder = tmp_path / "run"
     shutil.copytree(sharded_run, folder)
     metadata = folder / "sharded_000000085" / ".metadata"
-    metadata.write_bytes(pickle.dumps(_RunsCode(tmp_path / "executed")))
+    metadata.write_bytes(pickle.dumps(RunsCode(tmp_path / "executed")))
     before = sha256(metadata)
     result = run_main(tiny_overrides(text_file, folder, trainer_config__max_epochs=2, **SHARDED))
     line = one_error_line(result)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from errors import SnapshotError
-from helpers import sha256
+from helpers import RunsCode, sha256
 from snapshot import Snapshot, SnapshotStore, read_snapshot, write_snapshot
 
 
@@ -67,16 +67,10 @@ def test_corrupt_snapshot_is_refused_and_untouched(tmp_path, content):
     assert path.read_bytes() == content
 
 
-class _RunsCode:
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
 def test_a_snapshot_that_would_run_code_is_refused_without_running_it(tmp_path):
     marker = tmp_path / "executed"
-    _RunsCode.marker = marker
     path = tmp_path / "snap.pt"
-    torch.save({**asdict(snapshot()), "model_state": _RunsCode()}, path, pickle_module=pickle)
+    torch.save({**asdict(snapshot()), "model_state": RunsCode(marker)}, path, pickle_module=pickle)
     before = sha256(path)
     with pytest.raises(SnapshotError, match="cannot be loaded"):
         read_snapshot(str(path))
