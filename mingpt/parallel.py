@@ -105,6 +105,11 @@ def _fsdp_no_sync(model: FSDPModule):
         model.set_requires_gradient_sync(True)
 
 
+def fused_optimizer_allowed(model: nn.Module, precision: Precision) -> bool:
+    """Not with FSDP's fp16 scaler: its overflow flag has a shape the fused AdamW kernel refuses."""
+    return not (isinstance(model, FSDPModule) and precision.needs_grad_scaler)
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The user's model inside whatever wrapper parallelize() put around it."""
     return model.module if isinstance(model, DDP) else model

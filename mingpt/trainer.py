@@ -20,7 +20,16 @@ from logger import clear_status, log, warn_once
 from metrics import MetricsLog, default_metrics_path
 from model import OptimizerConfig, create_optimizer, learning_rate_at
 from monitor import TrainingMonitor
-from parallel import METHODS, Parallelism, computes_in_precision, grad_scaler, gradient_sync, parallelize, unwrap
+from parallel import (
+    METHODS,
+    Parallelism,
+    computes_in_precision,
+    fused_optimizer_allowed,
+    grad_scaler,
+    gradient_sync,
+    parallelize,
+    unwrap,
+)
 from precision import AMP_DTYPES, resolve_precision
 from process_group import DistEnv, all_gather_objects, all_reduce_sum
 from sharded_snapshot import ShardedSnapshotStore
@@ -132,7 +141,8 @@ class Trainer:
         self.model = parallelize(model, Parallelism(config.distributed_method, config.cpu_offload),
                                  self.precision, env)
         self.optimizer_config = optimizer_config
-        self.optimizer = create_optimizer(self.model, optimizer_config)
+        self.optimizer = create_optimizer(self.model, optimizer_config,
+                                          allow_fused=fused_optimizer_allowed(self.model, self.precision))
         self.scaler = grad_scaler(self.model, self.precision, env)
         # FSDP casts parameters itself; autocast on top would only add casts.
         self.autocast = contextlib.nullcontext if computes_in_precision(self.model) else self.precision.autocast

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from helpers import assert_ok, run_main, run_probe, tiny_overrides
+from helpers import REPO, TORCHRUN, assert_ok, run, run_main, run_probe, tiny_overrides
 from metrics import default_metrics_path, read_metrics
 
 
@@ -97,3 +97,12 @@ def test_cpu_offload_trains_snapshots_and_resumes(text_file, tmp_path):
     result = train(text_file, snapshot, "fsdp", epochs=2, trainer_config__cpu_offload=True)
     assert "Resuming training from snapshot at Epoch 1" in result.stdout
     assert "Snapshot saved at epoch 2" in result.stdout
+
+
+def test_fsdp_fp16_trains_with_the_sharded_grad_scaler():
+    result = run([*TORCHRUN, "--standalone", "--nproc_per_node=2", REPO / "tests" / "fsdp_fp16_probe.py"])
+    assert_ok(result)
+    _, scaler, first, last, scale = next(line for line in result.stdout.splitlines()
+                                         if line.startswith("FP16 ")).split()
+    assert scaler == "ShardedGradScaler"
+    assert float(last) < float(first) - 1.0 and float(scale) > 1.0

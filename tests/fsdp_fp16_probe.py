@@ -1,0 +1,36 @@
+"""Run by test_parallel.py under torchrun: FSDP with fp16 parameters and the sharded GradScaler.
+
+A CPU never chooses fp16 (precision.py), so this forces the CUDA-style choice to exercise that path
+here: FSDP's fp16 mixed-precision policy, ShardedGradScaler, and the optimizer that works with it.
+Rank 0 prints `FP16 <scaler> <first loss> <last loss> <scale>`.
+"""
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "mingpt"))
+
+import torch  # noqa: E402
+
+import trainer as trainer_module  # noqa: E402
+from char_dataset import CharDataset  # noqa: E402
+from model import GPT, GPTConfig, OptimizerConfig  # noqa: E402
+from precision import Precision  # noqa: E402
+from process_group import distributed_session  # noqa: E402
+
+trainer_module.resolve_precision = lambda use_amp, amp_dtype, device: Precision(device.type, torch.float16)
+
+with distributed_session() as env, tempfile.TemporaryDirectory() as scratch:
+    dataset = CharDataset("".join(chr(97 + (i * 31) % 20) for i in range(5000)), 16)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=dataset.vocab_size, block_size=16))
+    config = trainer_module.TrainerConfig(batch_size=16, data_loader_workers=0, distributed_method="fsdp",
+                                          snapshot_path=f"{scratch}/snap.pt")
+    trainer = trainer_module.Trainer(config, model, OptimizerConfig(learning_rate=3e-3), dataset, None,
+                                     dataset.vocab, env)
+    batches = iter(trainer.train_loader)
+    losses = [trainer.train_step(*next(batches)).item() for _ in range(30)]
+    trainer._save_snapshot("the end")
+    if env.is_main:
+        print(f"FP16 {type(trainer.scaler).__name__} {losses[0]} {losses[-1]} {trainer.scaler.get_scale()}")
+    del trainer, model
