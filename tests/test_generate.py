@@ -15,13 +15,7 @@ from helpers import MINGPT, REPO, assert_ok, run, run_main, tiny_overrides
 PROMPT = "The king"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models run faster on one thread than on two contended ones (the CPU is shared)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,7 @@ from model import GPT, GPTConfig
 from sampling import keep_top_k, sample
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models run faster on one thread than on two contended ones (the CPU is shared)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class FixedLogits(nn.Module):
