@@ -16,7 +16,16 @@ import argparse
 import ctypes
 from pathlib import Path
 
-from common import RESULTS, benchmark_trainer, emit, run_workers, save_json, timed_steps
+from common import (
+    RESULTS,
+    add_shared_arguments,
+    benchmark_trainer,
+    emit,
+    run_workers,
+    save_json,
+    shared_flags,
+    timed_steps,
+)
 
 
 def tensor_bytes(tensors) -> int:
@@ -78,9 +87,7 @@ def run_method(args: argparse.Namespace, method: str) -> dict:
 
 
 def forwarded(args: argparse.Namespace) -> list[str]:
-    flags = ["--layers", args.layers, "--heads", args.heads, "--embd", args.embd, "--block-size",
-             args.block_size, "--batch-size", args.batch_size, "--warmup", args.warmup, "--steps", args.steps]
-    return [str(flag) for flag in flags] + (["--amp"] if args.amp else [])
+    return [*shared_flags(args), "--batch-size", str(args.batch_size)] + (["--amp"] if args.amp else [])
 
 
 def report(results: list[dict]) -> None:
@@ -96,16 +103,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--nproc", type=int, default=2, help="ranks per run")
     parser.add_argument("--threads", type=int, default=1, help="OMP threads per rank")
-    parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--heads", type=int, default=12)
-    parser.add_argument("--embd", type=int, default=768)
-    parser.add_argument("--block-size", type=int, default=128)
+    add_shared_arguments(parser, layers=12, heads=12, embd=768, steps=5)
     parser.add_argument("--batch-size", type=int, default=4, help="samples per rank per step")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--amp", action="store_true", help="use_amp (bf16 where the device has it)")
     parser.add_argument("--json", type=Path, default=RESULTS / "fsdp.json")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--method", default="ddp", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 

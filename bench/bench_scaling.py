@@ -10,7 +10,16 @@ with the backward pass by DDP's buckets) and process overheads cost. 1.0 is perf
 import argparse
 from pathlib import Path
 
-from common import RESULTS, benchmark_trainer, emit, run_workers, save_json, timed_steps
+from common import (
+    RESULTS,
+    add_shared_arguments,
+    benchmark_trainer,
+    emit,
+    run_workers,
+    save_json,
+    shared_flags,
+    timed_steps,
+)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -22,8 +31,8 @@ def worker(args: argparse.Namespace) -> None:
                                batch_size=batch) as trainer:
             elapsed = timed_steps(trainer, args.warmup, args.steps)
             if env.is_main:
-                emit({"ranks": env.world_size, "tokens_per_s": args.steps * args.global_batch * args.block_size
-                      / elapsed})
+                tokens = args.steps * args.global_batch * args.block_size
+                emit({"ranks": env.world_size, "tokens_per_s": tokens / elapsed})
             del trainer
 
 
@@ -32,14 +41,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--nproc", type=int, default=2, help="processes (and threads of the one-process run)")
     parser.add_argument("--global-batch", type=int, default=8)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--embd", type=int, default=512)
-    parser.add_argument("--block-size", type=int, default=128)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=10)
+    add_shared_arguments(parser, layers=8, heads=8, embd=512, steps=10)
     parser.add_argument("--json", type=Path, default=RESULTS / "scaling.json")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -48,8 +51,7 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    flags = ["--global-batch", args.global_batch, "--layers", args.layers, "--heads", args.heads, "--embd",
-             args.embd, "--block-size", args.block_size, "--warmup", args.warmup, "--steps", args.steps]
+    flags = ["--global-batch", str(args.global_batch), *shared_flags(args)]
     one = run_workers(__file__, 1, args.nproc, flags)
     many = run_workers(__file__, args.nproc, 1, flags)
     efficiency = many["tokens_per_s"] / one["tokens_per_s"]

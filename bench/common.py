@@ -1,4 +1,5 @@
 """Pieces the benchmarks share: a trainer over synthetic text, timed steps, and torchrun workers."""
+import argparse
 import json
 import os
 import subprocess
@@ -53,6 +54,27 @@ def timed_steps(trainer: Trainer, warmup: int, steps: int, before_timing=lambda:
         inputs, targets = (t.to(trainer.env.device) for t in next(batches))
         trainer.train_step(inputs, targets).item()
     return time.perf_counter() - start
+
+
+SHARED_FLAGS = ("layers", "heads", "embd", "block_size", "warmup", "steps")
+
+
+def add_shared_arguments(parser: argparse.ArgumentParser, layers: int, heads: int, embd: int,
+                         steps: int) -> None:
+    """The model shape and timing flags every torchrun benchmark takes, and its hidden worker mode."""
+    parser.add_argument("--layers", type=int, default=layers)
+    parser.add_argument("--heads", type=int, default=heads)
+    parser.add_argument("--embd", type=int, default=embd)
+    parser.add_argument("--block-size", type=int, default=128)
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--steps", type=int, default=steps, help="timed steps")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+
+
+def shared_flags(args: argparse.Namespace) -> list[str]:
+    """The shared flags' values, to pass on to the workers."""
+    return [item for name in SHARED_FLAGS
+            for item in (f"--{name.replace('_', '-')}", str(getattr(args, name)))]
 
 
 def emit(result: dict) -> None:

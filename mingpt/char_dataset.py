@@ -92,7 +92,8 @@ def read_text(config: DataConfig) -> str:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise DataError(f"data_config.path: {config.path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise DataError(f"data_config.path: {config.path} is not UTF-8 text "
+                        f"({e.reason} at byte {e.start})") from None
     text = text[: int(len(text) * config.truncate)]
     if len(text) <= config.block_size:
         raise DataError(

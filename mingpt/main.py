@@ -38,7 +38,8 @@ class TrainConfig:
     optimizer_config: OptimizerConfig = field(default_factory=OptimizerConfig)
 
     def __post_init__(self) -> None:
-        for derived, source in (("vocab_size", "the data's characters"), ("block_size", "data_config.block_size")):
+        derived_keys = (("vocab_size", "the data's characters"), ("block_size", "data_config.block_size"))
+        for derived, source in derived_keys:
             check(getattr(self.gpt_config, derived) is None, f"gpt_config.{derived}",
                   f"comes from {source}; do not set it")
 
@@ -92,9 +93,9 @@ def startup_summary(config: TrainConfig, env: DistEnv, dataset: CharDataset, tra
         f"World: {env.world_size} process(es) on {env.num_nodes} node(s), {env.backend} on "
         f"{env.device.type}; {tc.distributed_method}{' with CPU offload' if tc.cpu_offload else ''}; "
         f"{trainer.precision}; {local_parameter_bytes(trainer.model) / 1e6:.1f} MB of parameters per rank",
-        f"Batch: {tc.batch_size} per process x {tc.grad_accum_steps} accumulation, {tokens_per_step:,} tokens "
-        f"per step, {trainer.steps_per_epoch} steps per epoch, {tc.max_epochs} epochs, "
-        f"{trainer.train_loader.num_workers} data worker(s) per process",
+        f"Batch: {tc.batch_size} per process x {tc.grad_accum_steps} accumulation, "
+        f"{tokens_per_step:,} tokens per step, {trainer.steps_per_epoch} steps per epoch, "
+        f"{tc.max_epochs} epochs, {trainer.train_loader.num_workers} data worker(s) per process",
         f"Data: {data.path}, {len(dataset.data):,} characters, vocabulary of {dataset.vocab_size}; "
         f"{len(train_set):,} train and {len(test_set):,} test samples ({data.split} split)",
         f"Snapshots: {tc.snapshot_path} every {tc.save_every} epoch(s)"
@@ -134,8 +135,8 @@ def main(cfg: DictConfig) -> None:
 
 def lost_a_peer(error: Exception) -> bool:
     """A collective failed because another rank went away (NCCL or gloo, whose errors are plain)."""
-    return isinstance(error, dist.DistError) or any(
-        sign in str(error) for sign in ("Connection reset by peer", "Connection closed by peer", "Broken pipe"))
+    signs = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+    return isinstance(error, dist.DistError) or any(sign in str(error) for sign in signs)
 
 
 if __name__ == "__main__":

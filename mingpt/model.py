@@ -226,7 +226,9 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def create_optimizer(model: nn.Module, config: OptimizerConfig, allow_fused: bool = True) -> torch.optim.AdamW:
+def create_optimizer(
+    model: nn.Module, config: OptimizerConfig, allow_fused: bool = True
+) -> torch.optim.AdamW:
     """AdamW with GPT-2's betas; the fused kernel where allowed and every parameter lives on CUDA
     or every one on the CPU."""
     device_types = {p.device.type for p in model.parameters()}

@@ -26,7 +26,8 @@ def measure(n_layer: int, n_head: int, n_embd: int, vocab_size: int, block_size:
 
 
 def table(vocab_size: int, block_size: int) -> str:
-    header = f"{'setting':<28} {'layers':>6} {'heads':>5} {'embd':>5} {'params':>13} {'model MB':>9} {'snapshot MB':>11}"
+    header = (f"{'setting':<28} {'layers':>6} {'heads':>5} {'embd':>5} {'params':>13} "
+              f"{'model MB':>9} {'snapshot MB':>11}")
     rows = [header, "-" * len(header)]
     for name, (n_layer, n_head, n_embd) in SETTINGS.items():
         params, state_bytes = measure(n_layer, n_head, n_embd, vocab_size, block_size)

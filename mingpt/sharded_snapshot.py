@@ -126,15 +126,16 @@ class ShardedSnapshotStore:
         try:
             dcp.save(tensors, checkpoint_id=target)
             if is_main:
-                write_snapshot(replace(info, optimizer_state={"param_groups": param_groups}), f"{target}/{_INFO}")
+                info_without_tensors = replace(info, optimizer_state={"param_groups": param_groups})
+                write_snapshot(info_without_tensors, f"{target}/{_INFO}")
                 for old in self._entries()[: -self.keep_last]:
                     fs, old_path = fsspec.core.url_to_fs(old)
                     fs.rm(old_path, recursive=True)
         except MinGPTError:
             raise
         except DCP_ERRORS as e:
-            raise SnapshotError(f"could not write sharded snapshot {target} ({_reason(e)}); "
-                                "check trainer_config.snapshot_path, its credentials and free space") from None
+            raise SnapshotError(f"could not write sharded snapshot {target} ({_reason(e)}); check "
+                                "trainer_config.snapshot_path, its credentials and free space") from None
         barrier()  # no rank moves on (or exits) before the snapshot is complete
         return target
 

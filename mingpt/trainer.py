@@ -145,7 +145,8 @@ class Trainer:
                                           allow_fused=fused_optimizer_allowed(self.model, self.precision))
         self.scaler = grad_scaler(self.model, self.precision, env)
         # FSDP casts parameters itself; autocast on top would only add casts.
-        self.autocast = contextlib.nullcontext if computes_in_precision(self.model) else self.precision.autocast
+        fsdp_casts = computes_in_precision(self.model)
+        self.autocast = contextlib.nullcontext if fsdp_casts else self.precision.autocast
         # A training batch holds a whole optimizer step: grad_accum_steps micro-batches.
         self.train_loader = self._dataloader(train_dataset, config.batch_size * config.grad_accum_steps, True)
         self.test_loader = self._dataloader(test_dataset, config.batch_size, False) if test_dataset else None
@@ -169,10 +170,6 @@ class Trainer:
             interval_s=config.progress_interval_s,
             active=env.is_main,
         )
-
-    @property
-    def epochs_run(self) -> int:
-        return self.progress.finished_epoch
 
     def train(self) -> None:
         for epoch in range(self.progress.finished_epoch + 1, self.config.max_epochs + 1):
@@ -312,8 +309,10 @@ class Trainer:
             self.scaler.load_state_dict(snapshot.scaler_state)
         self.progress = snapshot.progress
         self._resume_position(snapshot)
-        where = f" (step {snapshot.step}, batch {snapshot.epoch_step} of epoch {snapshot.finished_epoch + 1})" \
-            if snapshot.epoch_step else ""
+        where = ""
+        if snapshot.epoch_step:
+            epoch = snapshot.finished_epoch + 1
+            where = f" (step {snapshot.step}, batch {snapshot.epoch_step} of epoch {epoch})"
         log.info(f"Resuming training from snapshot at Epoch {snapshot.finished_epoch}{where}")
 
     def _resume_position(self, snapshot: Snapshot) -> None:

@@ -150,7 +150,27 @@ def _pids_with_environment(*entries: str) -> list[int]:
             if int(proc.name) != os.getpid() and wanted <= set(_environment(int(proc.name)))]
 
 
-class SlurmCluster:
+class _StartedAndStopped:
+    """A context manager over start() and stop(): a half-finished start is stopped too."""
+
+    def start(self):
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class SlurmCluster(_StartedAndStopped):
     """munged + slurmctld + one slurmd per node, all on this host, in a private directory."""
 
     def __init__(self, root: Path, nodes: tuple[str, ...] = ("n1", "n2"), cpus_per_node: int = 2):
@@ -291,18 +311,8 @@ PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE St
                 _kill(pid)
             shutil.rmtree(self.munge_dir, ignore_errors=True)
 
-    def __enter__(self) -> "SlurmCluster":
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
 
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-class TwoHosts:
+class TwoHosts(_StartedAndStopped):
     """node1 and node2: network namespaces on a private veth link, with their own names."""
 
     NAMES = ("node1", "node2")
@@ -360,13 +370,3 @@ class TwoHosts:
             for pid in pids:
                 _kill(int(pid))
             _run(["ip", "netns", "del", ns], check=False)
-
-    def __enter__(self) -> "TwoHosts":
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
