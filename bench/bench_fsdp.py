@@ -13,7 +13,6 @@ Each rank reports:
 Figures are printed as a table and written as JSON (--json).
 """
 import argparse
-import ctypes
 from pathlib import Path
 
 from common import (
@@ -21,48 +20,14 @@ from common import (
     add_shared_arguments,
     benchmark_trainer,
     emit,
+    held_state_bytes,
+    peak_memory,
+    reset_peak_memory,
     run_workers,
     save_json,
     shared_flags,
     timed_steps,
 )
-
-
-def tensor_bytes(tensors) -> int:
-    total = 0
-    for tensor in tensors:
-        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-        total += local.numel() * local.element_size()
-    return total
-
-
-def held_state_bytes(trainer) -> int:
-    """Parameters, gradients and optimizer state this rank holds."""
-    params = list(trainer.model.parameters())
-    grads = [p.grad for p in params if p.grad is not None]
-    moments = [v for state in trainer.optimizer.state.values() for v in state.values() if hasattr(v, "numel")]
-    return tensor_bytes(params) + tensor_bytes(grads) + tensor_bytes(moments)
-
-
-def reset_peak_memory(device) -> None:
-    """Measure the training steps' peak, not start-up's (the full model is built before sharding)."""
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    else:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand freed start-up memory back to the system
-        Path("/proc/self/clear_refs").write_text("5")  # Linux: resets the peak resident set (VmHWM)
-
-
-def peak_memory(device) -> int:
-    import torch
-
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    status = Path("/proc/self/status").read_text()
-    kib = next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))
-    return int(kib) * 1024
 
 
 def worker(args: argparse.Namespace) -> None:

@@ -1,93 +1,102 @@
-"""Training-step throughput and MFU of minGPT, built through the project's own code.
+"""Training-step speed of minGPT, built through the project's own code, against the hardware's limit.
 
-For each model the benchmark builds the GPT, the Trainer (in a world-of-one process group) and the
-Trainer's real DataLoader over real text, then times warmup + measured calls of
-`trainer.train_step(x, y)`. It reports tokens/s, ms/step, the share of each step spent waiting for
-data, achieved TFLOP/s from `model.flops_per_token()`, and MFU against a peak measured on this
-machine at the same thread count (CPU) or the GPU's dense bf16 datasheet peak (CUDA).
-
-Rates use the median step (the mean is in the JSON too). On CPU the peak is measured before and after
-the models and the better one kept, and every measurement says how much of the machine it had: on a
-shared machine a busy neighbour can halve the figures, and the output flags that as NOISY. Load from
-outside this machine (other VMs on the host) cannot be seen from inside: repeat a run to gauge it.
+For each model the benchmark builds the GPT, the Trainer and the Trainer's real DataLoader over real
+text, and reports:
+- tokens/s and ms/step over `--steps` calls of `Trainer.train_step` (median step; mean, min, max too);
+- the step split into data wait, forward, backward, optimizer and communication, from `--split-steps`
+  more steps timed phase by phase (Trainer.compute_loss, .backward, .optimizer_step, each waited for).
+  Communication is the gradient reduction the backward pass does NOT hide: backward with gradient
+  sync minus backward without it (DDP's no_sync; FSDP's reduce-scatter off), so it is 0 in one process;
+- MFU: model FLOPs (`GPT.flops_per_token`) per second over a peak. CPU: fp32 square matmuls measured
+  at the same thread count (and bf16 too with --amp), before and after the models, the better kept.
+  GPU: the datasheet's dense bf16 figure (mingpt/flops.py);
+- the matmul ceiling: the MFU a step would reach if it were only its Linear layers' matmuls (forward,
+  input gradient, weight gradient) at this step's shapes, timed alone. Everything else (dropout,
+  attention, element-wise ops, the optimizer) is what separates the MFU from it;
+- peak memory during the steps (CPU: the process's peak resident set; GPU: max allocated) and the
+  bytes of parameters, gradients and AdamW state the rank holds.
+Figures are printed and written as JSON (--json).
 
 Examples (from the repository root):
 
     .venv/bin/python bench/bench_train.py                          # default model and gpt-mini, fp32
     .venv/bin/python bench/bench_train.py --models default --profile
     .venv/bin/python bench/bench_train.py --amp --steps 50         # bf16 autocast, MFU vs both peaks
-    .venv/bin/python bench/bench_train.py --threads 1 --batch-size 16 --json /tmp/train.json
     .venv/bin/python bench/bench_train.py --dropout 0 --compile --warmup 5   # what dropout and eager cost
+    OMP_NUM_THREADS=1 .venv/bin/python -m torch.distributed.run --standalone --nproc_per_node=2 \\
+        bench/bench_train.py --threads 1                           # DDP: communication shows up
 
+Under torchrun every rank trains and rank 0 reports its own figures (tokens/s for all ranks).
+Every CPU figure says how much of the machine the run had: a busy neighbour can halve it, and the
+output flags that as NOISY. Load from other VMs on the host cannot be seen from inside: repeat a run.
 This is a benchmark, not a test: it asserts nothing beyond a finite loss.
 """
 import argparse
-import json
+import contextlib
 import logging
 import math
 import os
 import platform
 import statistics
-import string
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-import torch
+from common import REPO, RESULTS, held_state_bytes, peak_memory, reset_peak_memory, save_json, synthetic_text
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT / "mingpt"))  # the project uses flat imports (`from model import GPT`)
+import torch  # noqa: E402  (common puts mingpt/ on the path first)
+import torch.nn as nn  # noqa: E402
 
 from char_dataset import CharDataset, DataConfig, read_text, split_dataset  # noqa: E402
-from flops import gpu_peak_flops  # noqa: E402
+from flops import best_seconds, gpu_peak_flops, matmul_flops_by_size  # noqa: E402
 from logger import configure_logging, log  # noqa: E402
 from model import GPT, PRESETS, GPTConfig, OptimizerConfig  # noqa: E402
+from parallel import METHODS, gradient_sync, unwrap  # noqa: E402
 from precision import cpu_has_native_bf16  # noqa: E402
 from process_group import DistEnv, distributed_session  # noqa: E402
 from trainer import Trainer, TrainerConfig  # noqa: E402
 
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
-DEFAULT_JSON = REPO_ROOT / "bench" / "results" / "train.json"
+DEFAULT_DATA = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 SEED = 1337
-
-CPU_PEAK_SIZES = (1024, 2048, 3072)  # square matmuls; the best of them is the peak
-GPU_PEAK_SIZE = 8192
+PHASES = ("data", "forward", "backward", "optimizer", "communication")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description="Time minGPT training steps (Trainer.train_step over the real DataLoader) and "
-                    "report tokens/s, ms/step, data wait, TFLOP/s and MFU.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--models", nargs="+", default=["default", "gpt-mini"], metavar="MODEL",
                    choices=["default", *PRESETS],
-                   help="'default' is GPTConfig() (8 layers, 8 heads, 512 wide); or a preset of "
-                        f"model.PRESETS: {', '.join(PRESETS)}")
-    p.add_argument("--batch-size", type=int, default=8, help="samples per step")
+                   help=f"'default' is GPTConfig() (8 layers, 8 heads, 512 wide), or a preset: {', '.join(PRESETS)}")
+    p.add_argument("--batch-size", type=int, default=8, help="samples per step and rank")
     p.add_argument("--block-size", type=int, default=128, help="tokens per sample")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (allocator, worker start-up)")
     p.add_argument("--steps", type=int, default=20, help="timed steps")
-    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for compute and the peak")
+    p.add_argument("--split-steps", type=int, default=5, help="steps timed phase by phase")
+    p.add_argument("--threads", type=int, default=2, help="torch threads per rank, for the steps and the peak")
     p.add_argument("--workers", type=int, default=1, help="TrainerConfig.data_loader_workers")
+    p.add_argument("--method", default="ddp", choices=METHODS, help="TrainerConfig.distributed_method")
     p.add_argument("--amp", action="store_true", help="TrainerConfig.use_amp (bf16 autocast on CPU)")
+    p.add_argument("--amp-dtype", default="bfloat16", choices=["bfloat16", "float16"],
+                   help="TrainerConfig.amp_dtype with --amp on CUDA (CPUs always use bf16)")
     p.add_argument("--dropout", type=float, default=None,
                    help="set GPTConfig embd_pdrop, resid_pdrop and attn_pdrop (default: GPTConfig's own)")
     p.add_argument("--compile", action="store_true",
                    help="TrainerConfig.compile (torch.compile); raise --warmup to cover the compilation")
-    p.add_argument("--amp-dtype", default="bfloat16", choices=["bfloat16", "float16"],
-                   help="TrainerConfig.amp_dtype with --amp on CUDA (CPUs always use bf16)")
+    p.add_argument("--peak-sizes", type=int, nargs="+", default=[1024, 2048, 3072],
+                   help="square matmul sizes measured for the CPU peak (the best one counts)")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA,
                    help="UTF-8 text file; synthetic text is generated (and flagged) when it is missing")
     p.add_argument("--profile", action="store_true",
                    help="also run torch.profiler over a few steps of each model and print the top ops")
     p.add_argument("--profile-steps", type=int, default=3, help="steps recorded by --profile")
     p.add_argument("--profile-top", type=int, default=15, help="ops listed by --profile")
-    p.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write the figures")
+    p.add_argument("--json", type=Path, default=RESULTS / "train.json", help="where to write the figures")
     args = p.parse_args(argv)
-    for name in ("batch_size", "block_size", "steps", "threads", "profile_steps", "profile_top"):
+    for name in ("batch_size", "block_size", "steps", "split_steps", "threads", "profile_steps",
+                 "profile_top"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive")
     if args.warmup < 0 or args.workers < 0:
@@ -95,7 +104,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-# ---------------------------------------------------------------------------------------------- timing
+# ------------------------------------------------------------------------------------------ the machine
 
 def sync(device: torch.device) -> None:
     """CUDA runs asynchronously: wait for queued kernels before reading the clock. CPU ops are synchronous."""
@@ -119,12 +128,12 @@ class CpuMonitor:
 
     share: CPU time this process got / (wall time x threads). About 1.0 when its compute threads
     were never preempted (idle OpenMP threads spin, so waits count too).
-    others: cores that other processes used meanwhile, on average (the DataLoader workers count
-    here; they use a few percent of one core).
+    others: cores used meanwhile by other processes, beyond the other ranks of this run (the
+    DataLoader workers count here; they use a few percent of one core).
     """
 
-    def __init__(self, threads: int):
-        self.threads = threads
+    def __init__(self, threads: int, other_ranks: int = 0):
+        self.threads, self.expected_others = threads, other_ranks * threads
         self.share = self.others = math.nan
 
     def __enter__(self) -> "CpuMonitor":
@@ -135,46 +144,34 @@ class CpuMonitor:
         wall = time.perf_counter() - self.wall
         cpu = time.process_time() - self.cpu
         self.share = cpu / (wall * self.threads)
-        self.others = max(machine_busy_seconds() - self.busy - cpu, 0.0) / wall
+        used_by_others = max(machine_busy_seconds() - self.busy - cpu, 0.0) / wall
+        self.others = max(used_by_others - self.expected_others, 0.0)
 
     def as_dict(self) -> dict:
         return {"cpu_share": self.share, "other_cores": self.others}
 
 
-def best_matmul_seconds(n: int, dtype: torch.dtype, device: torch.device, repeats: int) -> float:
-    a = torch.randn(n, n, dtype=dtype, device=device)
-    b = torch.randn(n, n, dtype=dtype, device=device)
-    for _ in range(2):  # first calls pay for MKL/cuBLAS setup and page faults
-        torch.mm(a, b)
-    sync(device)
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        sync(device)
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def measured_peak(dtype: torch.dtype, device: torch.device, sizes: tuple[int, ...]) -> dict:
-    """Best-of-repeats GFLOP/s of square matmuls of each size; the best size is the peak."""
-    by_size = {}
-    with CpuMonitor(torch.get_num_threads()) as monitor:
-        for n in sizes:
-            seconds = best_matmul_seconds(n, dtype, device, repeats=5 if device.type == "cpu" else 20)
-            by_size[n] = 2 * n**3 / seconds / 1e9
+def measured_peak(dtype: torch.dtype, device: torch.device, sizes: list[int], env: DistEnv) -> dict:
+    """GFLOP/s of square matmuls of each size (best of repeats); the best size is the peak."""
+    with CpuMonitor(torch.get_num_threads(), env.world_size - 1) as monitor:
+        by_size = {n: flops / 1e9 for n, flops in matmul_flops_by_size(dtype, device, tuple(sizes), 5).items()}
     return {"dtype": str(dtype).removeprefix("torch."), "gflops_by_size": by_size,
-            "gflops": max(by_size.values()), "source": "measured",
-            "cpu": monitor.as_dict() if device.type == "cpu" else None}
+            "gflops": max(by_size.values()), "source": "measured", "cpu": monitor.as_dict()}
 
 
-def gpu_table_peak(device: torch.device) -> dict | None:
-    """The dense bf16 datasheet peak from the project's table (flops.py: H100 SXM/H200 989 TFLOP/s,
-    H100 PCIe 756, A100 312, ...), the figure the trainer's own MFU uses; None for a GPU not in it."""
-    flops = gpu_peak_flops(device)
-    if flops is None:
-        return None
-    return {"dtype": "bfloat16", "gflops": flops / 1e9, "source": "datasheet, dense"}
+def peaks(env: DistEnv, args) -> dict[str, dict]:
+    """The peaks MFU is quoted against: name -> {"gflops": ..., ...}. The first one is the headline."""
+    if env.device.type == "cuda":
+        table = gpu_peak_flops(env.device)
+        if table is not None:
+            return {"bf16": {"dtype": "bfloat16", "gflops": table / 1e9, "source": "datasheet, dense"}}
+        return {"bf16": measured_peak(torch.bfloat16, env.device, [8192], env)}
+    # bf16 is a fair yardstick only when autocast is on, and only where the CPU has bf16 (elsewhere
+    # the Trainer trains in fp32, and emulated bf16 matmuls of these sizes would take minutes).
+    result = {"fp32": measured_peak(torch.float32, env.device, args.peak_sizes, env)}
+    if args.amp and cpu_has_native_bf16():
+        result["bf16"] = measured_peak(torch.bfloat16, env.device, args.peak_sizes, env)
+    return result
 
 
 def best_of(first: dict[str, dict], second: dict[str, dict]) -> dict[str, dict]:
@@ -183,29 +180,7 @@ def best_of(first: dict[str, dict], second: dict[str, dict]) -> dict[str, dict]:
     return {key: max(first[key], second[key], key=lambda p: p["gflops"]) for key in first}
 
 
-def peaks(device: torch.device, amp: bool) -> dict[str, dict]:
-    """The peaks MFU is quoted against: name -> {"gflops": ..., ...}. The first one is the headline."""
-    if device.type == "cuda":
-        return {"bf16": gpu_table_peak(device) or measured_peak(torch.bfloat16, device, (GPU_PEAK_SIZE,))}
-    # fp32 is what the default run computes in; bf16 is only a fair yardstick when autocast is on,
-    # and only where the CPU has bf16 (elsewhere the Trainer trains in fp32, and emulated bf16
-    # matmuls of these sizes would take minutes).
-    result = {"fp32": measured_peak(torch.float32, device, CPU_PEAK_SIZES)}
-    if amp and cpu_has_native_bf16():
-        result["bf16"] = measured_peak(torch.bfloat16, device, CPU_PEAK_SIZES)
-    return result
-
-
-# ------------------------------------------------------------------------------------------------ data
-
-def synthetic_text(n_chars: int = 1_000_000) -> str:
-    """Seeded pseudo-words over a Shakespeare-sized alphabet (about 65 symbols), so the vocab,
-    and with it the output layer's cost, is about what the real corpus gives."""
-    alphabet = string.ascii_letters + " .,;:!?'-&$3\n"
-    g = torch.Generator().manual_seed(SEED)
-    ids = torch.randint(len(alphabet), (n_chars,), generator=g).tolist()
-    return "".join(alphabet[i] for i in ids)
-
+# ----------------------------------------------------------------------------------- data and model
 
 def load_data(path: Path, block_size: int) -> tuple[CharDataset, DataConfig, str]:
     """The project's dataset over the text at path, or over synthetic text when there is none."""
@@ -214,10 +189,8 @@ def load_data(path: Path, block_size: int) -> tuple[CharDataset, DataConfig, str
         return CharDataset(read_text(config), block_size), config, str(path)
     print(f"WARNING: {path} not found; using SYNTHETIC random text. Throughput is comparable, "
           "losses are not.", file=sys.stderr)
-    return CharDataset(synthetic_text(), block_size), config, "SYNTHETIC random text"
+    return CharDataset(synthetic_text(1_000_000, SEED), block_size), config, "SYNTHETIC random text"
 
-
-# ----------------------------------------------------------------------------------------------- model
 
 def gpt_config(name: str, dropout: float | None) -> GPTConfig:
     config = GPTConfig() if name == "default" else GPTConfig(model_type=name, n_layer=None, n_head=None,
@@ -234,22 +207,21 @@ def build_trainer(name: str, args, dataset: CharDataset, data_config: DataConfig
                      block_size=dataset.block_size)
     torch.manual_seed(SEED)
     model = GPT(config)
-    # compile is passed only when asked for, so the default run needs nothing newer than the Trainer.
-    extra = {"compile": True} if args.compile else {}
     trainer_config = TrainerConfig(
         batch_size=args.batch_size,
         data_loader_workers=args.workers,
         use_amp=args.amp,
         amp_dtype=args.amp_dtype,
+        compile=args.compile,
+        distributed_method=args.method,
         # A path that never exists: the Trainer must not resume from someone's gpt_snapshot.pt.
         snapshot_path=str(Path(snapshot_dir) / f"{name}.pt"),
-        **extra,
     )
     trainer = Trainer(trainer_config, model, OptimizerConfig(), train_set, test_set, dataset.vocab, env)
     return model, trainer
 
 
-# ------------------------------------------------------------------------------------------- the steps
+# -------------------------------------------------------------------------------------------- the steps
 
 def batches(trainer: Trainer):
     """Endless batches from the Trainer's own DataLoader (a new epoch when one runs out)."""
@@ -260,10 +232,15 @@ def batches(trainer: Trainer):
         epoch += 1
 
 
-def timed_step(trainer: Trainer, data, device: torch.device) -> tuple[float, float, float]:
-    """One train_step; returns (data wait s, whole step s, loss)."""
-    start = time.perf_counter()
+def next_batch(data, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     inputs, targets = (t.to(device, non_blocking=True) for t in next(data))
+    return inputs, targets
+
+
+def timed_step(trainer: Trainer, data, device: torch.device) -> tuple[float, float, float]:
+    """One train_step as training runs it; returns (data wait s, whole step s, loss)."""
+    start = time.perf_counter()
+    inputs, targets = next_batch(data, device)
     sync(device)  # the host-to-device copy counts as waiting for data
     loaded = time.perf_counter()
     loss = trainer.train_step(inputs, targets).item()  # .item() only returns once the step has finished
@@ -271,22 +248,77 @@ def timed_step(trainer: Trainer, data, device: torch.device) -> tuple[float, flo
     return loaded - start, time.perf_counter() - start, loss
 
 
-def run_steps(trainer: Trainer, data, device: torch.device, n: int) -> list[tuple[float, float, float]]:
-    return [timed_step(trainer, data, device) for _ in range(n)]
+class PhaseClock:
+    """Seconds between consecutive laps, each taken once the device has finished."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.laps, self.last = device, {}, time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        sync(self.device)
+        now = time.perf_counter()
+        self.laps[phase] = now - self.last
+        self.last = now
 
 
-def summarise(name: str, model: GPT, trainer: Trainer, samples, cpu: dict | None, args) -> dict:
-    """The figures of one model. Headline rates use the MEDIAN step: robust to a stray slow step on a
-    shared machine; the mean is kept alongside."""
-    data_s = [s[0] for s in samples]
-    step_s = [s[1] for s in samples]
-    losses = [s[2] for s in samples]
+def split_step(trainer: Trainer, data, device: torch.device, sync_gradients: bool) -> dict[str, float]:
+    """One step, phase by phase. Without gradient sync it stops after the backward pass: those steps
+    only measure what the backward pass costs when it reduces nothing."""
+    clock = PhaseClock(device)
+    inputs, targets = next_batch(data, device)
+    clock.lap("data")
+    trainer.optimizer.zero_grad(set_to_none=True)
+    with gradient_sync(trainer.model, enabled=sync_gradients):
+        loss = trainer.compute_loss(inputs, targets)
+        clock.lap("forward")
+        trainer.backward(loss)
+        clock.lap("backward")
+    if sync_gradients:
+        trainer.optimizer_step()
+        clock.lap("optimizer")
+    return clock.laps
+
+
+def step_split(trainer: Trainer, data, device: torch.device, steps: int) -> dict[str, float]:
+    """Median ms per phase. The backward pass's own cost is measured without gradient sync; what the
+    synchronised one takes beyond it is the communication it did not overlap."""
+    synced = [split_step(trainer, data, device, sync_gradients=True) for _ in range(steps)]
+    median = {phase: 1e3 * statistics.median(s[phase] for s in synced) for phase in synced[0]}
+    if trainer.model is unwrap(trainer.model):
+        median["communication"] = 0.0  # one process: parallelize() left the model unwrapped
+    else:
+        unsynced = [split_step(trainer, data, device, sync_gradients=False) for _ in range(steps)]
+        backward_alone = 1e3 * statistics.median(s["backward"] for s in unsynced)
+        median["communication"] = max(median["backward"] - backward_alone, 0.0)
+        median["backward"] -= median["communication"]
+    trainer.optimizer.zero_grad(set_to_none=True)
+    total = sum(median.values())
+    return {"ms": {phase: median[phase] for phase in PHASES},
+            "pct": {phase: 100 * median[phase] / total for phase in PHASES}}
+
+
+def matmul_ceiling_gflops(model: nn.Module, rows: int, dtype: torch.dtype, device: torch.device) -> float:
+    """GFLOP/s of the model's Linear matmuls alone at a step's shapes: for each Linear, the forward
+    x @ W^T, the input gradient g @ W and the weight gradient g^T @ x, over `rows` tokens."""
+    shapes = Counter((m.in_features, m.out_features) for m in unwrap(model).modules() if isinstance(m, nn.Linear))
+    flops = seconds = 0.0
+    for (fan_in, fan_out), count in shapes.items():
+        x = torch.randn(rows, fan_in, dtype=dtype, device=device)
+        weight = torch.randn(fan_out, fan_in, dtype=dtype, device=device)
+        grad = torch.randn(rows, fan_out, dtype=dtype, device=device)
+        gemms = (lambda: x @ weight.t(), lambda: grad @ weight, lambda: grad.t() @ x)
+        seconds += count * sum(best_seconds(gemm, device, repeats=5) for gemm in gemms)
+        flops += count * 3 * 2 * rows * fan_in * fan_out
+    return flops / seconds / 1e9
+
+
+def summarise(name: str, model: GPT, trainer: Trainer, samples, env: DistEnv, args) -> dict:
+    """Headline rates use the MEDIAN step: robust to a stray slow step on a shared machine."""
+    data_s, step_s, losses = zip(*samples)
     if not all(math.isfinite(x) for x in losses):
         raise RuntimeError(f"{name}: non-finite loss {losses}")
-    tokens_per_step = args.batch_size * args.block_size
-    flops_per_token = model.flops_per_token()
+    tokens_per_step = args.batch_size * args.block_size  # this rank's
     mean_step, median_step = statistics.fmean(step_s), statistics.median(step_s)
-    achieved_gflops = flops_per_token * tokens_per_step / median_step / 1e9
     cfg = model.config
     return {
         "model": name,
@@ -296,31 +328,32 @@ def summarise(name: str, model: GPT, trainer: Trainer, samples, cpu: dict | None
         "dropout": [cfg.embd_pdrop, cfg.resid_pdrop, cfg.attn_pdrop],
         "compile": args.compile,
         "precision": str(trainer.precision),
-        "flops_per_token": flops_per_token,
-        "tokens_per_step": tokens_per_step,
+        "flops_per_token": model.flops_per_token(),
+        "tokens_per_step": tokens_per_step * env.world_size,
         "ms_per_step_median": median_step * 1e3,
         "ms_per_step_mean": mean_step * 1e3,
         "ms_per_step_min": min(step_s) * 1e3,
         "ms_per_step_max": max(step_s) * 1e3,
-        "tokens_per_s": tokens_per_step / median_step,
-        "tokens_per_s_mean": tokens_per_step / mean_step,
-        "data_wait_ms_mean": statistics.fmean(data_s) * 1e3,
+        "tokens_per_s": env.world_size * tokens_per_step / median_step,
+        "tokens_per_s_mean": env.world_size * tokens_per_step / mean_step,
         "data_wait_pct": 100 * sum(data_s) / sum(step_s),
-        "achieved_tflops": achieved_gflops / 1e3,
-        "cpu": cpu,
+        "achieved_tflops": model.flops_per_token() * tokens_per_step / median_step / 1e12,  # per rank
         "loss_first": losses[0], "loss_last": losses[-1],
     }
 
 
 def add_mfu(result: dict, peak: dict[str, dict]) -> None:
-    """MFU = achieved / peak, against each peak measured (fp32, and bf16 with --amp on CPU)."""
+    """MFU = achieved / peak, against each peak (fp32, and bf16 with --amp on CPU), and the ceiling
+    that the Linear matmuls alone would reach."""
     achieved = result["achieved_tflops"] * 1e3
+    ceiling = result["matmul_ceiling_gflops"]
     slowdown = result["ms_per_step_median"] / result["ms_per_step_mean"]
     result["mfu"] = {key: achieved / p["gflops"] for key, p in peak.items()}
     result["mfu_mean_step"] = {key: achieved * slowdown / p["gflops"] for key, p in peak.items()}
+    result["matmul_ceiling_mfu"] = {key: ceiling / p["gflops"] for key, p in peak.items()}
 
 
-# --------------------------------------------------------------------------------------------- profile
+# ---------------------------------------------------------------------------------------------- profile
 
 # Buckets for the self time of aten ops, checked in order, so that the profile says what MFU is lost to.
 # In this model only attention runs batched matmuls (bmm: SDPA's unfused path, taken with attention
@@ -352,16 +385,15 @@ def profile_steps(trainer: Trainer, data, device: torch.device, args) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with CpuMonitor(args.threads) as monitor, profile(activities=activities) as prof:
-        run_steps(trainer, data, device, args.profile_steps)
-    cpu = monitor.as_dict() if device.type == "cpu" else None
+    with profile(activities=activities) as prof:
+        for _ in range(args.profile_steps):
+            timed_step(trainer, data, device)
     averages = prof.key_averages()
     sort_keys = ["self_cpu_time_total"] + (["self_device_time_total"] if device.type == "cuda" else [])
     for key in sort_keys:
-        print(f"\nTop {args.profile_top} ops by {key} over {args.profile_steps} steps:{cpu_note(cpu)}")
+        print(f"\nTop {args.profile_top} ops by {key} over {args.profile_steps} steps:")
         print(averages.table(sort_by=key, row_limit=args.profile_top, max_name_column_width=48))
-    return {"top_ops": top_ops(averages, args), "self_cpu_by_category": by_category(averages, args),
-            "cpu": cpu}
+    return {"top_ops": top_ops(averages, args), "self_cpu_by_category": by_category(averages, args)}
 
 
 def top_ops(averages, args) -> list[dict]:
@@ -376,17 +408,17 @@ def top_ops(averages, args) -> list[dict]:
 
 def by_category(averages, args) -> dict[str, dict]:
     """Self CPU time per OP_CATEGORIES bucket (on CUDA: the host's time, launch overhead included)."""
-    ms: dict[str, float] = {}
+    ms: Counter = Counter()
     for e in averages:
-        ms[category(e.key)] = ms.get(category(e.key), 0.0) + e.self_cpu_time_total / 1e3 / args.profile_steps
+        ms[category(e.key)] += e.self_cpu_time_total / 1e3 / args.profile_steps
     total = sum(ms.values()) or 1
-    ranked = sorted(ms.items(), key=lambda kv: kv[1], reverse=True)
+    ranked = ms.most_common()
     print("Self CPU time by category (ms/step, share): "
           + ", ".join(f"{name} {t:.1f} ({100 * t / total:.1f}%)" for name, t in ranked))
     return {name: {"ms_per_step": t, "pct": 100 * t / total} for name, t in ranked}
 
 
-# --------------------------------------------------------------------------------------------- reports
+# ---------------------------------------------------------------------------------------------- reports
 
 # Past these, something else was using the cores: the figures are pessimistic and say so.
 LOW_CPU_SHARE = 0.9
@@ -394,7 +426,7 @@ BUSY_OTHER_CORES = 0.15
 
 
 def cpu_note(cpu: dict | None) -> str:
-    if cpu is None:
+    if not cpu:
         return ""
     note = f"  [cpu share {cpu['cpu_share']:.2f}, other processes {cpu['other_cores']:.2f} cores]"
     if cpu["cpu_share"] < LOW_CPU_SHARE or cpu["other_cores"] > BUSY_OTHER_CORES:
@@ -412,14 +444,21 @@ def print_peaks(peak: dict[str, dict], threads: int, device: torch.device) -> No
 
 def print_result(r: dict) -> None:
     mfu = "  ".join(f"MFU({k}) {v * 100:.1f}%" for k, v in r.get("mfu", {}).items())
+    ceiling = "  ".join(f"{v * 100:.1f}%" for v in r.get("matmul_ceiling_mfu", {}).values())
+    split = r["split"]
     print(f"{r['model']} ({r['n_layer']}L/{r['n_head']}H/{r['n_embd']}C, {r['params_m']:.2f}M params, "
           f"{r['flops_per_token'] / 1e6:.1f} MFLOP/token, {r['precision']}, dropout {max(r['dropout'])}"
           f"{', compiled' if r['compile'] else ''})\n"
           f"    {r['tokens_per_s']:,.0f} tok/s  {r['ms_per_step_median']:.1f} ms/step median "
           f"(mean {r['ms_per_step_mean']:.1f}, min {r['ms_per_step_min']:.1f}, "
           f"max {r['ms_per_step_max']:.1f})  data wait {r['data_wait_pct']:.2f}%\n"
-          f"    {r['achieved_tflops'] * 1e3:.1f} GFLOP/s  {mfu}  "
-          f"loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}" + cpu_note(r["cpu"]))
+          f"    split: " + ", ".join(f"{phase} {split['ms'][phase]:.1f} ms ({split['pct'][phase]:.1f}%)"
+                                     for phase in PHASES) + "\n"
+          f"    {r['achieved_tflops'] * 1e3:.1f} GFLOP/s  {mfu}"
+          + (f"  (matmul-only ceiling {ceiling})" if ceiling else "") + "\n"
+          f"    memory: peak {r['peak_memory_mb']:,.0f} MB, parameters + gradients + AdamW "
+          f"{r['state_mb']:,.0f} MB  loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}"
+          + cpu_note(r["cpu"]))
 
 
 def cpu_name() -> str:
@@ -440,61 +479,69 @@ def environment(args, env: DistEnv, data_source: str) -> dict:
         "python": platform.python_version(),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "device_type": device.type,
+        "world_size": env.world_size, "method": args.method,
         "threads": torch.get_num_threads(),
         "batch_size": args.batch_size, "block_size": args.block_size,
-        "warmup": args.warmup, "steps": args.steps, "workers": args.workers,
+        "warmup": args.warmup, "steps": args.steps, "split_steps": args.split_steps, "workers": args.workers,
         "amp": args.amp, "amp_dtype": args.amp_dtype if args.amp else None,
         "data": data_source, "synthetic_data": data_source.startswith("SYNTHETIC"),
     }
 
 
-def write_json(path: Path, report: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {path}")
+# ------------------------------------------------------------------------------------------------- main
 
-
-# ------------------------------------------------------------------------------------------------ main
-
-def bench_model(name: str, args, dataset, data_config, env, snapshot_dir) -> dict:
+def bench_model(name: str, args, dataset, data_config, env: DistEnv, snapshot_dir: str) -> dict:
     model, trainer = build_trainer(name, args, dataset, data_config, env, snapshot_dir)
-    model.train()
     data = batches(trainer)
-    run_steps(trainer, data, env.device, args.warmup)
-    with CpuMonitor(args.threads) as monitor:
-        samples = run_steps(trainer, data, env.device, args.steps)
-    cpu = monitor.as_dict() if env.device.type == "cpu" else None
-    result = summarise(name, model, trainer, samples, cpu, args)
-    print_result(result)
+    for _ in range(args.warmup):
+        timed_step(trainer, data, env.device)
+    reset_peak_memory(env.device)
+    with CpuMonitor(args.threads, env.world_size - 1) as monitor:
+        samples = [timed_step(trainer, data, env.device) for _ in range(args.steps)]
+    result = summarise(name, model, trainer, samples, env, args)
+    result["cpu"] = monitor.as_dict() if env.device.type == "cpu" else None
+    result["peak_memory_mb"] = peak_memory(env.device) / 1e6
+    result["state_mb"] = held_state_bytes(trainer) / 1e6
+    result["split"] = step_split(trainer, data, env.device, args.split_steps)
+    compute_dtype = trainer.precision.amp_dtype or torch.float32
+    result["matmul_ceiling_gflops"] = matmul_ceiling_gflops(
+        model, args.batch_size * args.block_size, compute_dtype, env.device)
     if args.profile:
         result["profile"] = profile_steps(trainer, data, env.device, args)
     return result
+
+
+def run(args, env: DistEnv, snapshot_dir: str) -> None:
+    configure_logging(env.rank)
+    log.setLevel(logging.WARNING)  # keep the Trainer's warnings (e.g. AMP ignored), not its chatter
+    dataset, data_config, source = load_data(args.data, args.block_size)
+    print(f"data: {source} ({len(dataset.data):,} chars, vocab {dataset.vocab_size}); {env.world_size} "
+          f"x {env.device}, {torch.get_num_threads()} threads each, batch {args.batch_size} x "
+          f"{args.block_size} tokens per rank, {args.warmup} warmup + {args.steps} timed + "
+          f"{args.split_steps} split steps")
+    peak = peaks(env, args)
+    print_peaks(peak, args.threads, env.device)
+    results = [bench_model(name, args, dataset, data_config, env, snapshot_dir) for name in args.models]
+    if env.device.type == "cpu":
+        again = peaks(env, args)
+        print("peak measured again after the models (MFU uses the better of the two):")
+        print_peaks(again, args.threads, env.device)
+        peak = best_of(peak, again)
+    print("\nsummary:")
+    for result in results:
+        add_mfu(result, peak)
+        print_result(result)
+    if env.is_main:
+        save_json(args.json, {"environment": environment(args, env, source), "peak": peak, "results": results})
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)  # before any work, so the peak and the steps use the same count
     with distributed_session() as env, tempfile.TemporaryDirectory() as snapshot_dir:
-        configure_logging(env.rank)
-        log.setLevel(logging.WARNING)  # keep the Trainer's warnings (e.g. AMP ignored), not its chatter
-        dataset, data_config, source = load_data(args.data, args.block_size)
-        print(f"data: {source} ({len(dataset.data):,} chars, vocab {dataset.vocab_size}); device "
-              f"{env.device}, {torch.get_num_threads()} threads, batch {args.batch_size} x "
-              f"{args.block_size} tokens, {args.warmup} warmup + {args.steps} timed steps")
-        peak = peaks(env.device, args.amp)
-        print_peaks(peak, args.threads, env.device)
-        results = [bench_model(name, args, dataset, data_config, env, snapshot_dir) for name in args.models]
-        if env.device.type == "cpu":
-            again = peaks(env.device, args.amp)
-            print("peak measured again after the models (MFU uses the better of the two):")
-            print_peaks(again, args.threads, env.device)
-            peak = best_of(peak, again)
-        print("\nsummary:")
-        for result in results:
-            add_mfu(result, peak)
-            print_result(result)
-        write_json(args.json, {"environment": environment(args, env, source), "peak": peak,
-                               "results": results})
+        with open(os.devnull, "w") as devnull:
+            with contextlib.redirect_stdout(sys.stdout if env.is_main else devnull):  # rank 0 reports
+                run(args, env, snapshot_dir)
 
 
 if __name__ == "__main__":

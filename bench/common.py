@@ -1,7 +1,9 @@
 """Pieces the benchmarks share: a trainer over synthetic text, timed steps, and torchrun workers."""
 import argparse
+import ctypes
 import json
 import os
+import string
 import subprocess
 import sys
 import tempfile
@@ -24,9 +26,16 @@ from trainer import Trainer, TrainerConfig  # noqa: E402
 RESULT_PREFIX = "RESULT "
 
 
+def synthetic_text(chars: int = 200_000, seed: int = 0) -> str:
+    """Seeded random text over a Shakespeare-sized alphabet (65 symbols): no data file needed, and
+    the vocabulary, and with it the output layer's cost, is about what the real corpus gives."""
+    alphabet = string.ascii_letters + " .,;:!?'-&$3\n"
+    ids = torch.randint(len(alphabet), (chars,), generator=torch.Generator().manual_seed(seed))
+    return "".join(alphabet[i] for i in ids.tolist())
+
+
 def synthetic_dataset(block_size: int, chars: int = 200_000) -> CharDataset:
-    """Text needing no data file; its content does not change the cost of a step."""
-    return CharDataset("".join(chr(97 + (i * 7919) % 26) for i in range(chars)), block_size)
+    return CharDataset(synthetic_text(chars), block_size)
 
 
 @contextmanager
@@ -54,6 +63,42 @@ def timed_steps(trainer: Trainer, warmup: int, steps: int, before_timing=lambda:
         inputs, targets = (t.to(trainer.env.device) for t in next(batches))
         trainer.train_step(inputs, targets).item()
     return time.perf_counter() - start
+
+
+def tensor_bytes(tensors) -> int:
+    """Bytes the tensors hold on this rank (a sharded DTensor counts its local shard)."""
+    total = 0
+    for tensor in tensors:
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        total += local.numel() * local.element_size()
+    return total
+
+
+def held_state_bytes(trainer: Trainer) -> int:
+    """Parameters, gradients and optimizer state this rank holds."""
+    params = list(trainer.model.parameters())
+    grads = [p.grad for p in params if p.grad is not None]
+    moments = [v for state in trainer.optimizer.state.values() for v in state.values() if hasattr(v, "numel")]
+    return tensor_bytes(params) + tensor_bytes(grads) + tensor_bytes(moments)
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start measuring a new peak (of the training steps, not of start-up before them)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand freed start-up memory back to the system
+        Path("/proc/self/clear_refs").write_text("5")  # Linux: resets the peak resident set (VmHWM)
+
+
+def peak_memory(device: torch.device) -> int:
+    """Bytes at the peak since reset_peak_memory: torch.cuda.max_memory_allocated on a GPU; on the
+    CPU the process's peak resident memory (everything: Python, torch, activations)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    status = Path("/proc/self/status").read_text()
+    kib = next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))
+    return int(kib) * 1024
 
 
 SHARED_FLAGS = ("layers", "heads", "embd", "block_size", "warmup", "steps")

@@ -6,7 +6,7 @@ training uses; it is the most a matmul-bound model can reach there.
 """
 import time
 from functools import lru_cache
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -36,23 +36,36 @@ def gpu_peak_flops(device: torch.device) -> Optional[float]:
     return None
 
 
-def measure_matmul_flops(dtype: torch.dtype = torch.float32, device: str = "cpu",
-                         sizes: tuple[int, ...] = CPU_MATMUL_SIZES, repeats: int = 3) -> float:
-    """Best FLOP/s of square matmuls over a few sizes, at the current torch thread count."""
-    best = 0.0
+def best_seconds(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """The fastest of `repeats` calls of fn, after two untimed ones (library setup, page faults).
+
+    CUDA runs asynchronously, so the clock is read only once the device has finished.
+    """
+    def wait() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for _ in range(2):
+        fn()
+    wait()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        wait()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def matmul_flops_by_size(dtype: torch.dtype = torch.float32, device: torch.device = torch.device("cpu"),
+                         sizes: tuple[int, ...] = CPU_MATMUL_SIZES, repeats: int = 3) -> dict[int, float]:
+    """FLOP/s of n x n matmuls for each n, at the current torch thread count (best of repeats)."""
+    rates = {}
     for n in sizes:
         a = torch.randn(n, n, dtype=dtype, device=device)
         b = torch.randn(n, n, dtype=dtype, device=device)
-        a @ b  # warm up kernels and caches
-        for _ in range(repeats):
-            if device != "cpu":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            a @ b
-            if device != "cpu":
-                torch.cuda.synchronize()
-            best = max(best, 2 * n**3 / (time.perf_counter() - start))
-    return best
+        rates[n] = 2 * n**3 / best_seconds(lambda: torch.mm(a, b), device, repeats)
+    return rates
 
 
 @lru_cache(maxsize=None)
@@ -61,5 +74,5 @@ def peak_flops(device: torch.device) -> Optional[float]:
     if device.type == "cuda":
         return gpu_peak_flops(device)
     if device.type == "cpu":
-        return measure_matmul_flops()
+        return max(matmul_flops_by_size().values())
     return None

@@ -232,26 +232,38 @@ class Trainer:
         self.progress.tokens += batch_len * self.env.world_size * self.block_size
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """One optimizer step over a batch of grad_accum_steps micro-batches; returns its mean loss.
-
-        The scaler is a no-op unless fp16 needs it.
-        """
+        """One optimizer step over a batch of grad_accum_steps micro-batches; returns its mean loss."""
         self._set_learning_rate()
         self.optimizer.zero_grad(set_to_none=True)
         micro_batches = list(zip(inputs.split(self.config.batch_size), targets.split(self.config.batch_size)))
         total_loss = torch.zeros((), device=inputs.device)
         for index, (micro_inputs, micro_targets) in enumerate(micro_batches):
             share = len(micro_inputs) / len(inputs)  # an epoch's last batch may be short
+            # The forward pass too: DDP decides there whether the backward pass will all-reduce.
             with gradient_sync(self.model, enabled=index == len(micro_batches) - 1):
-                with self.autocast():
-                    _, loss = self.model(micro_inputs, micro_targets)
-                self.scaler.scale(loss * share).backward()
+                loss = self.compute_loss(micro_inputs, micro_targets)
+                self.backward(loss * share)
             total_loss += loss.detach().float() * share
+        self.optimizer_step()
+        return total_loss
+
+    # The three phases of a step, public so that bench/bench_train.py can time each one.
+
+    def compute_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The forward pass: the mean loss over a micro-batch, in the run's precision."""
+        with self.autocast():
+            _, loss = self.model(inputs, targets)
+        return loss
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Gradients of loss; the scaler is a no-op unless fp16 needs it."""
+        self.scaler.scale(loss).backward()
+
+    def optimizer_step(self) -> None:
         self.scaler.unscale_(self.optimizer)  # clip true gradients, not scaled ones
         nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_norm_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        return total_loss
 
     def _set_learning_rate(self) -> None:
         lr = learning_rate_at(self.progress.step, self.total_steps, self.optimizer_config)
@@ -270,8 +282,7 @@ class Trainer:
         totals = torch.zeros(2, device=self.env.device)  # sum of sample losses, sample count
         for iteration, batch in enumerate(self.test_loader):
             inputs, targets = self._to_device(batch)
-            with self.autocast():
-                _, loss = self.model(inputs, targets)
+            loss = self.compute_loss(inputs, targets)
             totals[0] += loss.float() * len(inputs)
             totals[1] += len(inputs)
             self._log_loss("Eval", epoch, iteration, loss)
