@@ -10,9 +10,10 @@ text, and reports:
 - MFU: model FLOPs (`GPT.flops_per_token`) per second over a peak. CPU: fp32 square matmuls measured
   at the same thread count (and bf16 too with --amp), before and after the models, the better kept.
   GPU: the datasheet's dense bf16 figure (mingpt/flops.py);
-- the matmul ceiling: the MFU a step would reach if it were only its Linear layers' matmuls (forward,
-  input gradient, weight gradient) at this step's shapes, timed alone. Everything else (dropout,
-  attention, element-wise ops, the optimizer) is what separates the MFU from it;
+- the Linear layers' matmuls as they ran inside the steps (torch.profiler over `--profile-steps`
+  more): their FLOP/s against the peak, and their share of the step. A step is almost all Linear
+  FLOPs, so their efficiency is about the most MFU can reach; everything else the step does
+  (dropout, attention, element-wise ops, the optimizer) is what separates MFU from it;
 - peak memory during the steps (CPU: the process's peak resident set; GPU: max allocated) and the
   bytes of parameters, gradients and AdamW state the rank holds.
 Figures are printed and written as JSON (--json).
@@ -51,7 +52,7 @@ import torch  # noqa: E402  (common puts mingpt/ on the path first)
 import torch.nn as nn  # noqa: E402
 
 from char_dataset import CharDataset, DataConfig, read_text, split_dataset  # noqa: E402
-from flops import best_seconds, gpu_peak_flops, matmul_flops_by_size  # noqa: E402
+from flops import gpu_peak_flops, matmul_flops_by_size  # noqa: E402
 from logger import configure_logging, log  # noqa: E402
 from model import GPT, PRESETS, GPTConfig, OptimizerConfig  # noqa: E402
 from parallel import METHODS, gradient_sync, unwrap  # noqa: E402
@@ -89,9 +90,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="square matmul sizes measured for the CPU peak (the best one counts)")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA,
                    help="UTF-8 text file; synthetic text is generated (and flagged) when it is missing")
-    p.add_argument("--profile", action="store_true",
-                   help="also run torch.profiler over a few steps of each model and print the top ops")
-    p.add_argument("--profile-steps", type=int, default=3, help="steps recorded by --profile")
+    p.add_argument("--profile", action="store_true", help="print the profiled steps' top ops and categories")
+    p.add_argument("--profile-steps", type=int, default=3,
+                   help="steps recorded by torch.profiler (for the matmuls' speed, and --profile)")
     p.add_argument("--profile-top", type=int, default=15, help="ops listed by --profile")
     p.add_argument("--json", type=Path, default=RESULTS / "train.json", help="where to write the figures")
     args = p.parse_args(argv)
@@ -297,21 +298,6 @@ def step_split(trainer: Trainer, data, device: torch.device, steps: int) -> dict
             "pct": {phase: 100 * median[phase] / total for phase in PHASES}}
 
 
-def matmul_ceiling_gflops(model: nn.Module, rows: int, dtype: torch.dtype, device: torch.device) -> float:
-    """GFLOP/s of the model's Linear matmuls alone at a step's shapes: for each Linear, the forward
-    x @ W^T, the input gradient g @ W and the weight gradient g^T @ x, over `rows` tokens."""
-    shapes = Counter((m.in_features, m.out_features) for m in unwrap(model).modules() if isinstance(m, nn.Linear))
-    flops = seconds = 0.0
-    for (fan_in, fan_out), count in shapes.items():
-        x = torch.randn(rows, fan_in, dtype=dtype, device=device)
-        weight = torch.randn(fan_out, fan_in, dtype=dtype, device=device)
-        grad = torch.randn(rows, fan_out, dtype=dtype, device=device)
-        gemms = (lambda: x @ weight.t(), lambda: grad @ weight, lambda: grad.t() @ x)
-        seconds += count * sum(best_seconds(gemm, device, repeats=5) for gemm in gemms)
-        flops += count * 3 * 2 * rows * fan_in * fan_out
-    return flops / seconds / 1e9
-
-
 def summarise(name: str, model: GPT, trainer: Trainer, samples, env: DistEnv, args) -> dict:
     """Headline rates use the MEDIAN step: robust to a stray slow step on a shared machine."""
     data_s, step_s, losses = zip(*samples)
@@ -343,28 +329,44 @@ def summarise(name: str, model: GPT, trainer: Trainer, samples, env: DistEnv, ar
 
 
 def add_mfu(result: dict, peak: dict[str, dict]) -> None:
-    """MFU = achieved / peak, against each peak (fp32, and bf16 with --amp on CPU), and the ceiling
-    that the Linear matmuls alone would reach."""
+    """MFU = achieved / peak, against each peak (fp32, and bf16 with --amp on CPU); and the same for
+    the Linear matmuls alone, as they ran inside the steps (the ceiling of MFU: a step also has
+    everything else to do)."""
     achieved = result["achieved_tflops"] * 1e3
-    ceiling = result["matmul_ceiling_gflops"]
+    matmuls = result["matmuls"]["gflops"]
     slowdown = result["ms_per_step_median"] / result["ms_per_step_mean"]
     result["mfu"] = {key: achieved / p["gflops"] for key, p in peak.items()}
     result["mfu_mean_step"] = {key: achieved * slowdown / p["gflops"] for key, p in peak.items()}
-    result["matmul_ceiling_mfu"] = {key: ceiling / p["gflops"] for key, p in peak.items()}
+    result["matmul_efficiency"] = {key: matmuls / p["gflops"] for key, p in peak.items()}
 
 
 # ---------------------------------------------------------------------------------------------- profile
 
+def profile_steps(trainer: Trainer, data, device: torch.device, steps: int):
+    """Op times over a few steps. record_shapes stays off: here it made the elementwise ops of the
+    model several times slower, which would blame them for time they do not take."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            timed_step(trainer, data, device)
+    return prof.key_averages()
+
+
+LINEAR_MATMULS = ("aten::mm", "aten::addmm")  # attention's are bmm and baddbmm
+
 # Buckets for the self time of aten ops, checked in order, so that the profile says what MFU is lost to.
-# In this model only attention runs batched matmuls (bmm: SDPA's unfused path, taken with attention
-# dropout), so they count as attention; "matmul" is then the Linear layers. Anything not listed
-# (copies, adds, bias-gradient sums, the mask multiply of dropout, autograd bookkeeping) is "other".
+# In this model only attention runs batched matmuls (bmm, baddbmm), so they count as attention;
+# "matmul" is then the Linear layers. Dropout's mask is random_ and ge on the CPU (model.keep_mask),
+# bernoulli_ inside F.dropout elsewhere. Anything not listed (copies, adds, bias-gradient sums, the
+# mask multiplies, autograd bookkeeping) is "other".
 OP_CATEGORIES = (
-    ("attention", ("aten::_scaled_dot_product", "aten::bmm", "aten::baddbmm", "aten::_softmax",
-                   "aten::_safe_softmax")),
-    ("matmul (Linear)", ("aten::mm", "aten::addmm")),
-    ("dropout RNG", ("aten::bernoulli_", "aten::native_dropout")),
-    ("gelu", ("aten::gelu",)),
+    ("attention", ("aten::_scaled_dot_product", "aten::_flash_attention", "aten::bmm", "aten::baddbmm",
+                   "aten::_softmax", "aten::_safe_softmax")),
+    ("matmul (Linear)", LINEAR_MATMULS),
+    ("gelu", ("aten::gelu",)),  # before the dropout mask's aten::ge, which would match it
+    ("dropout mask", ("aten::random_", "aten::ge", "aten::bernoulli_", "aten::native_dropout")),
     ("layernorm", ("aten::native_layer_norm",)),
     ("cross-entropy", ("aten::_log_softmax", "aten::nll_loss")),
     ("optimizer + clip", ("aten::_fused_adamw", "aten::_foreach_", "aten::linalg_vector_norm")),
@@ -376,19 +378,21 @@ def category(op: str) -> str:
     return next((name for name, prefixes in OP_CATEGORIES if op.startswith(prefixes)), "other")
 
 
-def profile_steps(trainer: Trainer, data, device: torch.device, args) -> dict:
-    """Record a few steps and print the ops that take the most self time: what MFU is lost to.
+def linear_matmuls(averages, model: GPT, rows: int, steps: int, device: torch.device) -> dict:
+    """How fast the Linear layers' matmuls (forward, input and weight gradients) ran inside the steps,
+    and their share of the step. On a GPU their kernels' device time, on the CPU the ops' own time."""
+    def seconds(event) -> float:
+        return (event.device_time_total if device.type == "cuda" else event.self_cpu_time_total) / 1e6
 
-    record_shapes stays off: here it made the elementwise ops of the model several times slower,
-    which would blame them for time they do not take.
-    """
-    from torch.profiler import ProfilerActivity, profile
+    matmul_s = sum(seconds(e) for e in averages if e.key in LINEAR_MATMULS) / steps
+    step_s = sum(e.self_cpu_time_total for e in averages) / 1e6 / steps
+    flops = 6 * rows * sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    return {"ms_per_step": matmul_s * 1e3, "gflops": flops / matmul_s / 1e9,
+            "pct_of_step": 100 * matmul_s / step_s if device.type == "cpu" else None}
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        for _ in range(args.profile_steps):
-            timed_step(trainer, data, device)
-    averages = prof.key_averages()
+
+def print_profile(averages, device: torch.device, args) -> dict:
+    """The ops that take the most time, and time by category: what MFU is lost to."""
     sort_keys = ["self_cpu_time_total"] + (["self_device_time_total"] if device.type == "cuda" else [])
     for key in sort_keys:
         print(f"\nTop {args.profile_top} ops by {key} over {args.profile_steps} steps:")
@@ -444,7 +448,9 @@ def print_peaks(peak: dict[str, dict], threads: int, device: torch.device) -> No
 
 def print_result(r: dict) -> None:
     mfu = "  ".join(f"MFU({k}) {v * 100:.1f}%" for k, v in r.get("mfu", {}).items())
-    ceiling = "  ".join(f"{v * 100:.1f}%" for v in r.get("matmul_ceiling_mfu", {}).values())
+    matmuls = r["matmuls"]
+    efficiency = "  ".join(f"{v * 100:.1f}%" for v in r.get("matmul_efficiency", {}).values())
+    share = "" if matmuls["pct_of_step"] is None else f", {matmuls['pct_of_step']:.1f}% of the step"
     split = r["split"]
     print(f"{r['model']} ({r['n_layer']}L/{r['n_head']}H/{r['n_embd']}C, {r['params_m']:.2f}M params, "
           f"{r['flops_per_token'] / 1e6:.1f} MFLOP/token, {r['precision']}, dropout {max(r['dropout'])}"
@@ -454,8 +460,8 @@ def print_result(r: dict) -> None:
           f"max {r['ms_per_step_max']:.1f})  data wait {r['data_wait_pct']:.2f}%\n"
           f"    split: " + ", ".join(f"{phase} {split['ms'][phase]:.1f} ms ({split['pct'][phase]:.1f}%)"
                                      for phase in PHASES) + "\n"
-          f"    {r['achieved_tflops'] * 1e3:.1f} GFLOP/s  {mfu}"
-          + (f"  (matmul-only ceiling {ceiling})" if ceiling else "") + "\n"
+          f"    {r['achieved_tflops'] * 1e3:.1f} GFLOP/s  {mfu}\n"
+          f"    Linear matmuls in the step: {matmuls['gflops']:.1f} GFLOP/s, {efficiency} of peak{share}\n"
           f"    memory: peak {r['peak_memory_mb']:,.0f} MB, parameters + gradients + AdamW "
           f"{r['state_mb']:,.0f} MB  loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}"
           + cpu_note(r["cpu"]))
@@ -503,11 +509,11 @@ def bench_model(name: str, args, dataset, data_config, env: DistEnv, snapshot_di
     result["peak_memory_mb"] = peak_memory(env.device) / 1e6
     result["state_mb"] = held_state_bytes(trainer) / 1e6
     result["split"] = step_split(trainer, data, env.device, args.split_steps)
-    compute_dtype = trainer.precision.amp_dtype or torch.float32
-    result["matmul_ceiling_gflops"] = matmul_ceiling_gflops(
-        model, args.batch_size * args.block_size, compute_dtype, env.device)
+    averages = profile_steps(trainer, data, env.device, args.profile_steps)
+    result["matmuls"] = linear_matmuls(averages, model, args.batch_size * args.block_size,
+                                       args.profile_steps, env.device)
     if args.profile:
-        result["profile"] = profile_steps(trainer, data, env.device, args)
+        result["profile"] = print_profile(averages, env.device, args)
     return result
 
 

@@ -32,10 +32,11 @@ def test_one_process_reports_speed_split_mfu_and_memory(tmp_path, text_file):
     assert sum(split["pct"].values()) == pytest.approx(100)
     assert split["ms"]["communication"] == 0  # nothing to reduce in one process
     assert min(split["ms"][phase] for phase in PHASES - {"communication"}) > 0
-    assert 0 < result["mfu"]["fp32"] < result["matmul_ceiling_mfu"]["fp32"]
+    assert 0 < result["mfu"]["fp32"] < result["matmul_efficiency"]["fp32"]
+    assert 0 < result["matmuls"]["pct_of_step"] < 100
     assert result["peak_memory_mb"] > result["state_mb"] > 0
     assert report["peak"]["fp32"]["gflops_by_size"].keys() == {"128"}
-    assert "split: data" in stdout and "matmul-only ceiling" in stdout
+    assert "split: data" in stdout and "Linear matmuls in the step" in stdout
 
 
 def test_under_torchrun_rank_zero_reports_for_the_world(tmp_path, text_file):
