@@ -70,13 +70,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--models", nargs="+", default=["default", "gpt-mini"], metavar="MODEL",
                    choices=["default", *PRESETS],
-                   help=f"'default' is GPTConfig() (8 layers, 8 heads, 512 wide), or a preset: {', '.join(PRESETS)}")
+                   help="'default' is GPTConfig() (8 layers, 8 heads, 512 wide), or a preset: "
+                        + ", ".join(PRESETS))
     p.add_argument("--batch-size", type=int, default=8, help="samples per step and rank")
     p.add_argument("--block-size", type=int, default=128, help="tokens per sample")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (allocator, worker start-up)")
     p.add_argument("--steps", type=int, default=20, help="timed steps")
     p.add_argument("--split-steps", type=int, default=5, help="steps timed phase by phase")
-    p.add_argument("--threads", type=int, default=2, help="torch threads per rank, for the steps and the peak")
+    p.add_argument("--threads", type=int, default=2, help="torch threads per rank (steps and peak alike)")
     p.add_argument("--workers", type=int, default=1, help="TrainerConfig.data_loader_workers")
     p.add_argument("--method", default="ddp", choices=METHODS, help="TrainerConfig.distributed_method")
     p.add_argument("--amp", action="store_true", help="TrainerConfig.use_amp (bf16 autocast on CPU)")
@@ -155,7 +156,8 @@ class CpuMonitor:
 def measured_peak(dtype: torch.dtype, device: torch.device, sizes: list[int], env: DistEnv) -> dict:
     """GFLOP/s of square matmuls of each size (best of repeats); the best size is the peak."""
     with CpuMonitor(torch.get_num_threads(), env.world_size - 1) as monitor:
-        by_size = {n: flops / 1e9 for n, flops in matmul_flops_by_size(dtype, device, tuple(sizes), 5).items()}
+        rates = matmul_flops_by_size(dtype, device, tuple(sizes), repeats=5)
+    by_size = {n: flops / 1e9 for n, flops in rates.items()}
     return {"dtype": str(dtype).removeprefix("torch."), "gflops_by_size": by_size,
             "gflops": max(by_size.values()), "source": "measured", "cpu": monitor.as_dict()}
 
@@ -449,7 +451,8 @@ def print_peaks(peak: dict[str, dict], threads: int, device: torch.device) -> No
 def print_result(r: dict) -> None:
     mfu = "  ".join(f"MFU({k}) {v * 100:.1f}%" for k, v in r.get("mfu", {}).items())
     matmuls = r["matmuls"]
-    efficiency = "  ".join(f"{v * 100:.1f}%" for v in r.get("matmul_efficiency", {}).values())
+    efficiency = ", ".join(f"{share * 100:.1f}% of the {key} peak"
+                           for key, share in r.get("matmul_efficiency", {}).items())
     share = "" if matmuls["pct_of_step"] is None else f", {matmuls['pct_of_step']:.1f}% of the step"
     split = r["split"]
     print(f"{r['model']} ({r['n_layer']}L/{r['n_head']}H/{r['n_embd']}C, {r['params_m']:.2f}M params, "
@@ -461,7 +464,7 @@ def print_result(r: dict) -> None:
           f"    split: " + ", ".join(f"{phase} {split['ms'][phase]:.1f} ms ({split['pct'][phase]:.1f}%)"
                                      for phase in PHASES) + "\n"
           f"    {r['achieved_tflops'] * 1e3:.1f} GFLOP/s  {mfu}\n"
-          f"    Linear matmuls in the step: {matmuls['gflops']:.1f} GFLOP/s, {efficiency} of peak{share}\n"
+          f"    Linear matmuls in the step: {matmuls['gflops']:.1f} GFLOP/s, {efficiency}{share}\n"
           f"    memory: peak {r['peak_memory_mb']:,.0f} MB, parameters + gradients + AdamW "
           f"{r['state_mb']:,.0f} MB  loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}"
           + cpu_note(r["cpu"]))
@@ -538,7 +541,8 @@ def run(args, env: DistEnv, snapshot_dir: str) -> None:
         add_mfu(result, peak)
         print_result(result)
     if env.is_main:
-        save_json(args.json, {"environment": environment(args, env, source), "peak": peak, "results": results})
+        report = {"environment": environment(args, env, source), "peak": peak, "results": results}
+        save_json(args.json, report)
 
 
 def main(argv=None) -> None:

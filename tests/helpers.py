@@ -62,7 +62,8 @@ def _env(extra: Optional[dict] = None) -> dict:
     return env
 
 
-def run(cmd: list, cwd: Path = REPO, env: Optional[dict] = None, timeout: float = 180) -> subprocess.CompletedProcess:
+def run(cmd: list, cwd: Path = REPO, env: Optional[dict] = None,
+        timeout: float = 180) -> subprocess.CompletedProcess:
     return subprocess.run([str(c) for c in cmd], cwd=cwd, env=_env(env), capture_output=True,
                           text=True, timeout=timeout)
 

@@ -31,7 +31,8 @@ def test_eval_runs_in_eval_mode_and_averages_over_ranks(probe):
     first, second = probe
     assert first["eval_modes"] and not any(first["eval_modes"] + second["eval_modes"])
     assert first["training_after_eval"] and second["training_after_eval"]
-    mean = (first["local_loss_sum"] + second["local_loss_sum"]) / (first["local_count"] + second["local_count"])
+    loss_sum = first["local_loss_sum"] + second["local_loss_sum"]
+    mean = loss_sum / (first["local_count"] + second["local_count"])
     assert first["eval_loss"] == pytest.approx(mean, rel=1e-5)
     assert second["eval_loss"] == first["eval_loss"]
     local_means = [p["local_loss_sum"] / p["local_count"] for p in probe]
@@ -81,7 +82,8 @@ def test_a_failing_worker_fails_the_job_with_one_error_line(tmp_path):
 def test_default_corpus_is_downloaded_once_while_the_other_rank_waits(tmp_path):
     root = copy_of_the_code(tmp_path)
     body = make_text(6000).encode()
-    overrides = [o for o in tiny_overrides("unused", tmp_path / "snap.pt") if not o.startswith("data_config.path")]
+    overrides = [o for o in tiny_overrides("unused", tmp_path / "snap.pt")
+                 if not o.startswith("data_config.path")]
     with serving(body) as (url, requests):
         result = run_main(overrides, nproc=2, cwd=root, script=root / "mingpt" / "main.py",
                           env={"MINGPT_CORPUS_URL": url})

@@ -43,8 +43,9 @@ def test_resumes_at_the_same_and_another_world_size(sharded_run, text_file, tmp_
 
 def test_converts_to_a_single_file_that_resumes(sharded_run, text_file, tmp_path):
     single = tmp_path / "converted.pt"
-    converted = subprocess.run([sys.executable, MINGPT / "sharded_snapshot.py", sharded_run / "sharded_000000085",
-                                single], capture_output=True, text=True)
+    newest = sharded_run / "sharded_000000085"
+    converted = subprocess.run([sys.executable, MINGPT / "sharded_snapshot.py", newest, single],
+                               capture_output=True, text=True)
     assert converted.returncode == 0, converted.stderr
     snapshot = read_snapshot(str(single))
     assert snapshot.finished_epoch == 1 and "blocks.0.attn.qkv.weight" in snapshot.model_state
