@@ -104,17 +104,17 @@ def startup_summary(config: TrainConfig, env: DistEnv, dataset: CharDataset, tra
 
 
 def report_error(error: MinGPTError) -> None:
-    """One line on stderr, once per machine: the same bad input fails on every rank alike.
+    """One line on stderr, once per machine when every rank fails alike (bad input does).
 
-    The other ranks linger a moment before exiting, because torchrun stops the whole group as
-    soon as one worker exits and could otherwise kill the reporter before it speaks.
+    Local rank 0 speaks at once. The other ranks wait a moment first: torchrun stops the whole
+    group as soon as one worker exits, so when local rank 0 failed too it has spoken and they are
+    stopped before speaking; an error of their own (local rank 0 still training) is still said.
     """
     rank = int(os.environ.get("RANK", 0))
-    if int(os.environ.get("LOCAL_RANK", 0)) == 0:
-        origin = "" if rank == 0 else f"[rank {rank}] "
-        print(f"error: {origin}{error}", file=sys.stderr, flush=True)
-    else:
+    if int(os.environ.get("LOCAL_RANK", 0)) != 0:
         time.sleep(REPORTER_GRACE_S)
+    origin = "" if rank == 0 else f"[rank {rank}] "
+    print(f"error: {origin}{error}", file=sys.stderr, flush=True)
 
 
 @hydra.main(version_base=None, config_path=".", config_name="gpt2_train_cfg")

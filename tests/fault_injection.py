@@ -4,7 +4,8 @@
 
 FAULT is `step:N` (after optimizer step N), `epoch_snapshot:E` (right after the snapshot of epoch
 E) or `eval:E` (as the eval pass of epoch E starts). The kill happens on FAULT_RANK (default 1),
-in torchrun's first attempt only, so that the restarted workers can finish.
+in torchrun's first attempt only, so that the restarted workers can finish. `error:N` raises a
+user-facing error (say, a snapshot store that refused one rank) after step N instead of killing.
 """
 import os
 import runpy
@@ -15,14 +16,21 @@ from pathlib import Path
 MINGPT = Path(__file__).resolve().parent.parent / "mingpt"
 sys.path.insert(0, str(MINGPT))
 
+from errors import MinGPTError  # noqa: E402
 from trainer import Trainer  # noqa: E402  (the module main.py will import, patched below)
+
+INJECTED_ERROR = "injected: this rank's storage refused a write"
 
 
 def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def kill_after(method_name: str, should_die) -> None:
+def fail() -> None:
+    raise MinGPTError(INJECTED_ERROR)
+
+
+def kill_after(method_name: str, should_die, die=die) -> None:
     """Wrap Trainer.<method_name> so that the process dies once should_die(trainer, args) holds."""
     original = getattr(Trainer, method_name)
 
@@ -46,6 +54,8 @@ def plant(fault: str) -> None:
         kill_after("_save_snapshot", lambda trainer, args: args[0] == f"epoch {number}")
     elif kind == "eval":
         kill_after("evaluate", lambda trainer, args: args[0] == number)
+    elif kind == "error":
+        kill_after("_advance", lambda trainer, args: trainer.progress.step == number, die=fail)
     else:
         raise ValueError(f"unknown FAULT {fault!r}")
 

@@ -1,7 +1,10 @@
 """Real multi-process runs: torchrun with 2 gloo workers on the CPU."""
+import os
+
 import pytest
 
-from helpers import MINGPT, assert_ok, losses, make_text, run_main, run_probe, serving, tiny_overrides
+from fault_injection import INJECTED_ERROR
+from helpers import MINGPT, REPO, assert_ok, losses, make_text, run_main, run_probe, serving, tiny_overrides
 from metrics import default_metrics_path, read_metrics
 from test_main import copy_of_the_code
 
@@ -77,6 +80,15 @@ def test_a_failing_worker_fails_the_job_with_one_error_line(tmp_path):
     result = run_main(["trainer_config.batch_size=0"], nproc=2)
     assert result.returncode != 0
     assert result.stderr.count("error: trainer_config.batch_size: must be positive") == 1
+
+
+def test_an_error_on_one_rank_alone_is_reported_by_that_rank(text_file, tmp_path):
+    """Local rank 1 stays quiet about errors every rank shares, but not about one of its own."""
+    env = dict(os.environ, FAULT="error:3", FAULT_RANK="1", OMP_NUM_THREADS="1")
+    result = run_main(tiny_overrides(text_file, tmp_path / "snap.pt"), nproc=2, env=env,
+                      script=REPO / "tests" / "fault_injection.py")
+    assert result.returncode != 0
+    assert result.stderr.count(f"error: [rank 1] {INJECTED_ERROR}") == 1
 
 
 def test_default_corpus_is_downloaded_once_while_the_other_rank_waits(tmp_path):
