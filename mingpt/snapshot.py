@@ -191,12 +191,24 @@ class SnapshotStore:
         return list_entries(self.path, _FOLDER_ENTRY, key=key)
 
 
+def _names_in(fs, folder: str) -> list[str]:
+    """The folder's entries; none when it does not exist (yet).
+
+    Asked in one call: `exists` then `ls` would race with rank 0's write probe, which makes an
+    object store's "folder" (a key prefix) exist for a moment and then vanish again.
+    """
+    try:
+        return fs.ls(folder, detail=False)
+    except FileNotFoundError:
+        return []
+
+
 def list_entries(folder_url: str, pattern: re.Pattern, complete=lambda fs, name: True,
                  key: str = TRAINING_KEY) -> list[str]:
     """URLs of the folder's entries whose names match pattern (group 1: a step), oldest first."""
     fs, folder = fsspec.core.url_to_fs(folder_url.rstrip("/"))
     try:
-        names = fs.ls(folder, detail=False) if fs.exists(folder) else []
+        names = _names_in(fs, folder)
         steps = sorted((int(m.group(1)), name.rstrip("/")) for name in names
                        if (m := pattern.search(name.rstrip("/"))) and complete(fs, name.rstrip("/")))
     except Exception as e:

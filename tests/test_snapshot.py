@@ -129,3 +129,19 @@ def test_rng_states_and_progress_round_trip(tmp_path):
     loaded = read_snapshot(str(tmp_path / "s.pt"))
     assert torch.equal(loaded.rng_states[0]["cpu"], saved.rng_states[0]["cpu"])
     assert loaded.progress.step == 7 and loaded.progress.finished_epoch == 1
+
+
+def test_a_snapshot_folder_that_vanishes_while_listed_holds_no_snapshots():
+    """On an object store, rank 0's write probe makes the folder exist for a moment: another rank
+    may see it exist, then find nothing to list. That is an empty folder, not an error."""
+    from fsspec import register_implementation
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class ProbedFolder(MemoryFileSystem):
+        protocol = "probed"
+
+        def exists(self, path, **kwargs):
+            return True  # asked while the probe object was there; listed once it had gone
+
+    register_implementation("probed", ProbedFolder, clobber=True)
+    assert SnapshotStore("probed://bucket/run/", keep_last=2).read_latest() == (None, None)
