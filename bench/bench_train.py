@@ -282,7 +282,7 @@ def split_step(trainer: Trainer, data, device: torch.device, sync_gradients: boo
     return clock.laps
 
 
-def step_split(trainer: Trainer, data, device: torch.device, steps: int) -> dict[str, float]:
+def step_split(trainer: Trainer, data, device: torch.device, steps: int) -> dict[str, dict[str, float]]:
     """Median ms per phase. The backward pass's own cost is measured without gradient sync; what the
     synchronised one takes beyond it is the communication it did not overlap."""
     synced = [split_step(trainer, data, device, sync_gradients=True) for _ in range(steps)]
