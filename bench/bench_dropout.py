@@ -2,11 +2,11 @@
 
     python bench/bench_dropout.py [--models default gpt-mini] [--rounds 15] [--threads 2]
 
-For each model it alternates training steps (forward, backward, clipping, AdamW) with the project's
-CPU path and with torch's built-ins (F.dropout, whose mask comes from bernoulli_, and SDPA, which
-falls back to unfused attention when it has to drop attention weights), step by step in one process,
-so that both see the same machine; then it prints the median step of each and the median of the
-per-round speed-ups. The first round is not counted (allocator warm-up).
+For each model it alternates Trainer.train_step calls with the project's CPU path and with torch's
+built-ins (F.dropout, whose mask comes from bernoulli_, and SDPA, which falls back to unfused
+attention when it has to drop attention weights), step by step in one process, so that both see the
+same machine; then it prints the median step of each and the median of the per-round speed-ups. The
+first round is not counted (allocator warm-up).
 """
 import argparse
 import statistics
@@ -14,15 +14,17 @@ import time
 from pathlib import Path
 from unittest import mock
 
-from common import RESULTS, save_json
+from common import RESULTS, benchmark_trainer, save_json
 
 import torch  # noqa: E402  (common puts mingpt/ on the path first)
 import torch.nn.functional as F  # noqa: E402
 
 import model as model_module  # noqa: E402
-from model import GPT, PRESETS, GPTConfig, OptimizerConfig, create_optimizer  # noqa: E402
+from model import PRESETS, GPTConfig  # noqa: E402
+from process_group import distributed_session  # noqa: E402
+from trainer import Trainer  # noqa: E402
 
-VOCAB, BLOCK, BATCH = 65, 128, 8  # the default data's vocabulary and the issue's batch
+BLOCK, BATCH = 128, 8  # the issue's shape
 
 
 def torch_attention(q, k, v, dropout_p):
@@ -32,31 +34,28 @@ def torch_attention(q, k, v, dropout_p):
 TORCH_BUILT_INS = {"dropout": F.dropout, "causal_attention": torch_attention}
 
 
-def gpt(name: str) -> GPT:
-    sizes = {} if name == "default" else {"model_type": name, "n_layer": None, "n_head": None, "n_embd": None}
-    torch.manual_seed(0)
-    return GPT(GPTConfig(**sizes, vocab_size=VOCAB, block_size=BLOCK))
+def model_sizes(name: str) -> tuple[int, int, int]:
+    """(n_layer, n_head, n_embd) of a preset, or of GPTConfig's default model."""
+    if name in PRESETS:
+        return PRESETS[name]
+    default = GPTConfig()
+    return default.n_layer, default.n_head, default.n_embd
 
 
-def step_seconds(model: GPT, optimizer: torch.optim.Optimizer, inputs, targets) -> float:
+def step_seconds(trainer: Trainer, inputs: torch.Tensor, targets: torch.Tensor) -> float:
     start = time.perf_counter()
-    optimizer.zero_grad(set_to_none=True)
-    _, loss = model(inputs, targets)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer.step()
+    trainer.train_step(inputs, targets)
     return time.perf_counter() - start
 
 
-def compare(name: str, rounds: int) -> dict:
-    model = gpt(name).train()
-    optimizer = create_optimizer(model, OptimizerConfig())
-    inputs, targets = (torch.randint(VOCAB, (BATCH, BLOCK)) for _ in range(2))
-    ours, theirs = [], []
-    for _ in range(rounds + 1):
-        ours.append(step_seconds(model, optimizer, inputs, targets))
-        with mock.patch.multiple(model_module, **TORCH_BUILT_INS):
-            theirs.append(step_seconds(model, optimizer, inputs, targets))
+def compare(env, name: str, rounds: int) -> dict:
+    with benchmark_trainer(env, *model_sizes(name), BLOCK, batch_size=BATCH) as trainer:
+        inputs, targets = next(iter(trainer.train_loader))
+        ours, theirs = [], []
+        for _ in range(rounds + 1):
+            ours.append(step_seconds(trainer, inputs, targets))
+            with mock.patch.multiple(model_module, **TORCH_BUILT_INS):
+                theirs.append(step_seconds(trainer, inputs, targets))
     ours, theirs = ours[1:], theirs[1:]
     result = {"model": name, "ms_ours": 1e3 * statistics.median(ours),
               "ms_torch": 1e3 * statistics.median(theirs),
@@ -75,7 +74,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=RESULTS / "dropout.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    results = [compare(name, args.rounds) for name in args.models]
+    with distributed_session() as env:
+        results = [compare(env, name, args.rounds) for name in args.models]
     save_json(args.json, {"settings": vars(args), "results": results})
 
 

@@ -49,10 +49,9 @@ from pathlib import Path
 from common import REPO, RESULTS, held_state_bytes, peak_memory, reset_peak_memory, save_json, synthetic_text
 
 import torch  # noqa: E402  (common puts mingpt/ on the path first)
-import torch.nn as nn  # noqa: E402
 
 from char_dataset import CharDataset, DataConfig, read_text, split_dataset  # noqa: E402
-from flops import gpu_peak_flops, matmul_flops_by_size  # noqa: E402
+from flops import gpu_peak_flops, matmul_flops_by_size, wait_for  # noqa: E402
 from logger import configure_logging, log  # noqa: E402
 from model import GPT, PRESETS, GPTConfig, OptimizerConfig  # noqa: E402
 from parallel import METHODS, gradient_sync, unwrap  # noqa: E402
@@ -107,12 +106,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # ------------------------------------------------------------------------------------------ the machine
-
-def sync(device: torch.device) -> None:
-    """CUDA runs asynchronously: wait for queued kernels before reading the clock. CPU ops are synchronous."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
 
 def machine_busy_seconds() -> float:
     """CPU seconds all processes have used since boot (Linux /proc/stat); NaN elsewhere."""
@@ -244,10 +237,10 @@ def timed_step(trainer: Trainer, data, device: torch.device) -> tuple[float, flo
     """One train_step as training runs it; returns (data wait s, whole step s, loss)."""
     start = time.perf_counter()
     inputs, targets = next_batch(data, device)
-    sync(device)  # the host-to-device copy counts as waiting for data
+    wait_for(device)  # the host-to-device copy counts as waiting for data
     loaded = time.perf_counter()
     loss = trainer.train_step(inputs, targets).item()  # .item() only returns once the step has finished
-    sync(device)
+    wait_for(device)
     return loaded - start, time.perf_counter() - start, loss
 
 
@@ -258,7 +251,7 @@ class PhaseClock:
         self.device, self.laps, self.last = device, {}, time.perf_counter()
 
     def lap(self, phase: str) -> None:
-        sync(self.device)
+        wait_for(self.device)
         now = time.perf_counter()
         self.laps[phase] = now - self.last
         self.last = now
@@ -388,7 +381,7 @@ def linear_matmuls(averages, model: GPT, rows: int, steps: int, device: torch.de
 
     matmul_s = sum(seconds(e) for e in averages if e.key in LINEAR_MATMULS) / steps
     step_s = sum(e.self_cpu_time_total for e in averages) / 1e6 / steps
-    flops = 6 * rows * sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    flops = 6 * rows * model.matmul_weights()
     return {"ms_per_step": matmul_s * 1e3, "gflops": flops / matmul_s / 1e9,
             "pct_of_step": 100 * matmul_s / step_s if device.type == "cpu" else None}
 

@@ -20,6 +20,7 @@ import torch  # noqa: E402
 
 from char_dataset import CharDataset  # noqa: E402
 from model import GPT, GPTConfig, OptimizerConfig  # noqa: E402
+from parallel import local_bytes  # noqa: E402
 from process_group import DistEnv  # noqa: E402
 from trainer import Trainer, TrainerConfig  # noqa: E402
 
@@ -65,21 +66,12 @@ def timed_steps(trainer: Trainer, warmup: int, steps: int, before_timing=lambda:
     return time.perf_counter() - start
 
 
-def tensor_bytes(tensors) -> int:
-    """Bytes the tensors hold on this rank (a sharded DTensor counts its local shard)."""
-    total = 0
-    for tensor in tensors:
-        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-        total += local.numel() * local.element_size()
-    return total
-
-
 def held_state_bytes(trainer: Trainer) -> int:
     """Parameters, gradients and optimizer state this rank holds."""
     params = list(trainer.model.parameters())
     grads = [p.grad for p in params if p.grad is not None]
     moments = [v for state in trainer.optimizer.state.values() for v in state.values() if hasattr(v, "numel")]
-    return tensor_bytes(params) + tensor_bytes(grads) + tensor_bytes(moments)
+    return local_bytes(params) + local_bytes(grads) + local_bytes(moments)
 
 
 def reset_peak_memory(device: torch.device) -> None:

@@ -36,23 +36,23 @@ def gpu_peak_flops(device: torch.device) -> Optional[float]:
     return None
 
 
+def wait_for(device: torch.device) -> None:
+    """CUDA runs asynchronously: wait for its queued kernels before reading a clock. CPU ops are
+    synchronous."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def best_seconds(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
-    """The fastest of `repeats` calls of fn, after two untimed ones (library setup, page faults).
-
-    CUDA runs asynchronously, so the clock is read only once the device has finished.
-    """
-    def wait() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
+    """The fastest of `repeats` calls of fn, after two untimed ones (library setup, page faults)."""
     for _ in range(2):
         fn()
-    wait()
+    wait_for(device)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
-        wait()
+        wait_for(device)
         best = min(best, time.perf_counter() - start)
     return best
 

@@ -255,9 +255,12 @@ class GPT(nn.Module):
         Attention scores and weighted values cost 2 * 2 * T * C multiply-adds per token and layer
         forward, times 3 with the backward pass; causal attention computes half of them.
         """
-        matmul_params = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
         cfg = self.config
-        return 6 * matmul_params + 6 * cfg.n_layer * cfg.block_size * cfg.n_embd
+        return 6 * self.matmul_weights() + 6 * cfg.n_layer * cfg.block_size * cfg.n_embd
+
+    def matmul_weights(self) -> int:
+        """Weights of the Linear layers: 2 FLOPs each per token forward, 4 backward."""
+        return sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:

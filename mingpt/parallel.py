@@ -121,13 +121,18 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, DDP) else model
 
 
-def local_parameter_bytes(model: nn.Module) -> int:
-    """Bytes of parameters this rank holds: the whole model under DDP, its shards under FSDP."""
+def local_bytes(tensors) -> int:
+    """Bytes of the tensors this rank holds: a sharded (FSDP) tensor counts its local shard only."""
     total = 0
-    for param in model.parameters():
-        local = param.to_local() if hasattr(param, "to_local") else param
+    for tensor in tensors:
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
         total += local.numel() * local.element_size()
     return total
+
+
+def local_parameter_bytes(model: nn.Module) -> int:
+    """Bytes of parameters this rank holds: the whole model under DDP, its shards under FSDP."""
+    return local_bytes(model.parameters())
 
 
 def gather_full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
