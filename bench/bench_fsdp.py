@@ -29,6 +29,8 @@ from common import (
     timed_steps,
 )
 
+import torch  # noqa: E402  (common puts mingpt/ on the path first)
+
 
 def worker(args: argparse.Namespace) -> None:
     """Runs under torchrun: time training steps, then rank 0 emits every rank's figures."""
@@ -66,7 +68,8 @@ def report(results: list[dict]) -> None:
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--nproc", type=int, default=2, help="ranks per run")
+    parser.add_argument("--nproc", type=int, default=torch.cuda.device_count() or 2,
+                        help="ranks per run (one per GPU)")
     parser.add_argument("--threads", type=int, default=1, help="OMP threads per rank")
     add_shared_arguments(parser, layers=12, heads=12, embd=768, steps=5)
     parser.add_argument("--batch-size", type=int, default=4, help="samples per rank per step")

@@ -37,7 +37,6 @@ import contextlib
 import logging
 import math
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -46,20 +45,21 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from common import REPO, RESULTS, held_state_bytes, peak_memory, reset_peak_memory, save_json, synthetic_text
+from common import RESULTS, cpu_name, held_state_bytes, peak_memory, reset_peak_memory, save_json, synthetic_text
 
 import torch  # noqa: E402  (common puts mingpt/ on the path first)
 
-from char_dataset import CharDataset, DataConfig, read_text, split_dataset  # noqa: E402
-from flops import gpu_peak_flops, matmul_flops_by_size, wait_for  # noqa: E402
+from char_dataset import (  # noqa: E402
+    DEFAULT_CORPUS, CharDataset, DataConfig, ensure_default_corpus, read_text, split_dataset)
+from errors import DataError  # noqa: E402
+from flops import gpu_peak_flops, matmul_flops_by_size, model_flops_utilization, wait_for  # noqa: E402
 from logger import configure_logging, log  # noqa: E402
 from model import GPT, PRESETS, GPTConfig, OptimizerConfig  # noqa: E402
-from parallel import METHODS, gradient_sync, unwrap  # noqa: E402
-from precision import cpu_has_native_bf16  # noqa: E402
-from process_group import DistEnv, distributed_session  # noqa: E402
+from parallel import METHODS, gradient_sync  # noqa: E402
+from precision import resolve_precision  # noqa: E402
+from process_group import DistEnv, barrier, distributed_session  # noqa: E402
 from trainer import Trainer, TrainerConfig  # noqa: E402
 
-DEFAULT_DATA = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 SEED = 1337
 PHASES = ("data", "forward", "backward", "optimizer", "communication")
 
@@ -88,8 +88,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="TrainerConfig.compile (torch.compile); raise --warmup to cover the compilation")
     p.add_argument("--peak-sizes", type=int, nargs="+", default=[1024, 2048, 3072],
                    help="square matmul sizes measured for the CPU peak (the best one counts)")
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA,
-                   help="UTF-8 text file; synthetic text is generated (and flagged) when it is missing")
+    p.add_argument("--data", type=Path, default=DEFAULT_CORPUS,
+                   help="UTF-8 text file; the default corpus is fetched as main.py fetches it; synthetic "
+                        "text is generated (and flagged) when there is none")
     p.add_argument("--profile", action="store_true", help="print the profiled steps' top ops and categories")
     p.add_argument("--profile-steps", type=int, default=3,
                    help="steps recorded by torch.profiler (for the matmuls' speed, and --profile)")
@@ -155,18 +156,24 @@ def measured_peak(dtype: torch.dtype, device: torch.device, sizes: list[int], en
             "gflops": max(by_size.values()), "source": "measured", "cpu": monitor.as_dict()}
 
 
+MATMUL_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32}
+
+
 def peaks(env: DistEnv, args) -> dict[str, dict]:
-    """The peaks MFU is quoted against: name -> {"gflops": ..., ...}. The first one is the headline."""
+    """The peaks MFU is quoted against: dtype -> {"gflops": ..., ...}. The first is the peak of the
+    precision the steps run in (the Trainer's own choice), the headline; on a CPU training in bf16
+    the fp32 peak follows, for comparison."""
+    precision = resolve_precision(args.amp, args.amp_dtype, env.device)
+    in_use = precision.matmul_dtype
     if env.device.type == "cuda":
-        table = gpu_peak_flops(env.device)
+        table = gpu_peak_flops(env.device, in_use)
         if table is not None:
-            return {"bf16": {"dtype": "bfloat16", "gflops": table / 1e9, "source": "datasheet, dense"}}
-        return {"bf16": measured_peak(torch.bfloat16, env.device, [8192], env)}
-    # bf16 is a fair yardstick only when autocast is on, and only where the CPU has bf16 (elsewhere
-    # the Trainer trains in fp32, and emulated bf16 matmuls of these sizes would take minutes).
-    result = {"fp32": measured_peak(torch.float32, env.device, args.peak_sizes, env)}
-    if args.amp and cpu_has_native_bf16():
-        result["bf16"] = measured_peak(torch.bfloat16, env.device, args.peak_sizes, env)
+            return {in_use: {"dtype": in_use, "gflops": table / 1e9, "source": "datasheet, dense"}}
+        precision.configure_matmuls()  # TF32, as the Trainer will allow it
+        return {in_use: measured_peak(MATMUL_DTYPES[in_use], env.device, [8192], env)}
+    result = {in_use: measured_peak(MATMUL_DTYPES[in_use], env.device, args.peak_sizes, env)}
+    if in_use != "fp32":
+        result["fp32"] = measured_peak(torch.float32, env.device, args.peak_sizes, env)
     return result
 
 
@@ -178,9 +185,16 @@ def best_of(first: dict[str, dict], second: dict[str, dict]) -> dict[str, dict]:
 
 # ----------------------------------------------------------------------------------- data and model
 
-def load_data(path: Path, block_size: int) -> tuple[CharDataset, DataConfig, str]:
-    """The project's dataset over the text at path, or over synthetic text when there is none."""
+def load_data(path: Path, block_size: int, env: DistEnv) -> tuple[CharDataset, DataConfig, str]:
+    """The project's dataset over the text at path (the default corpus fetched as main.py fetches it,
+    once per machine), or over synthetic text when there is none."""
     config = DataConfig(path=str(path), block_size=block_size)
+    if env.is_local_main:
+        try:
+            ensure_default_corpus(str(path))
+        except DataError as error:
+            print(f"WARNING: {error}", file=sys.stderr)
+    barrier()
     if path.is_file():
         return CharDataset(read_text(config), block_size), config, str(path)
     print(f"WARNING: {path} not found; using SYNTHETIC random text. Throughput is comparable, "
@@ -280,8 +294,8 @@ def step_split(trainer: Trainer, data, device: torch.device, steps: int) -> dict
     synchronised one takes beyond it is the communication it did not overlap."""
     synced = [split_step(trainer, data, device, sync_gradients=True) for _ in range(steps)]
     median = {phase: 1e3 * statistics.median(s[phase] for s in synced) for phase in synced[0]}
-    if trainer.model is unwrap(trainer.model):
-        median["communication"] = 0.0  # one process: parallelize() left the model unwrapped
+    if trainer.env.world_size == 1:
+        median["communication"] = 0.0  # one process: nothing to reduce
     else:
         unsynced = [split_step(trainer, data, device, sync_gradients=False) for _ in range(steps)]
         backward_alone = 1e3 * statistics.median(s["backward"] for s in unsynced)
@@ -317,6 +331,8 @@ def summarise(name: str, model: GPT, trainer: Trainer, samples, env: DistEnv, ar
         "ms_per_step_max": max(step_s) * 1e3,
         "tokens_per_s": env.world_size * tokens_per_step / median_step,
         "tokens_per_s_mean": env.world_size * tokens_per_step / mean_step,
+        "tokens_per_s_per_rank": tokens_per_step / median_step,
+        "tokens_per_s_per_rank_mean": tokens_per_step / mean_step,
         "data_wait_pct": 100 * sum(data_s) / sum(step_s),
         "achieved_tflops": model.flops_per_token() * tokens_per_step / median_step / 1e12,  # per rank
         "loss_first": losses[0], "loss_last": losses[-1],
@@ -324,14 +340,16 @@ def summarise(name: str, model: GPT, trainer: Trainer, samples, env: DistEnv, ar
 
 
 def add_mfu(result: dict, peak: dict[str, dict]) -> None:
-    """MFU = achieved / peak, against each peak (fp32, and bf16 with --amp on CPU); and the same for
-    the Linear matmuls alone, as they ran inside the steps (the ceiling of MFU: a step also has
-    everything else to do)."""
-    achieved = result["achieved_tflops"] * 1e3
+    """MFU as the Trainer reports it (flops.model_flops_utilization: one rank's tokens/s over its
+    device's peak), against each peak, the precision in use first; and the same for the Linear
+    matmuls alone, as they ran inside the steps (the ceiling of MFU: a step also has everything else
+    to do)."""
+    def mfu(tokens_per_s: float, p: dict) -> float:
+        return model_flops_utilization(tokens_per_s, result["flops_per_token"], p["gflops"] * 1e9)
+
     matmuls = result["matmuls"]["gflops"]
-    slowdown = result["ms_per_step_median"] / result["ms_per_step_mean"]
-    result["mfu"] = {key: achieved / p["gflops"] for key, p in peak.items()}
-    result["mfu_mean_step"] = {key: achieved * slowdown / p["gflops"] for key, p in peak.items()}
+    result["mfu"] = {key: mfu(result["tokens_per_s_per_rank"], p) for key, p in peak.items()}
+    result["mfu_mean_step"] = {key: mfu(result["tokens_per_s_per_rank_mean"], p) for key, p in peak.items()}
     result["matmul_efficiency"] = {key: matmuls / p["gflops"] for key, p in peak.items()}
 
 
@@ -463,22 +481,9 @@ def print_result(r: dict) -> None:
           + cpu_note(r["cpu"]))
 
 
-def cpu_name() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux); platform.processor() is often empty."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def environment(args, env: DistEnv, data_source: str) -> dict:
     device = env.device
     return {
-        "torch": torch.__version__,
-        "python": platform.python_version(),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "device_type": device.type,
         "world_size": env.world_size, "method": args.method,
@@ -516,7 +521,7 @@ def bench_model(name: str, args, dataset, data_config, env: DistEnv, snapshot_di
 def run(args, env: DistEnv, snapshot_dir: str) -> None:
     configure_logging(env.rank)
     log.setLevel(logging.WARNING)  # keep the Trainer's warnings (e.g. AMP ignored), not its chatter
-    dataset, data_config, source = load_data(args.data, args.block_size)
+    dataset, data_config, source = load_data(args.data, args.block_size, env)
     print(f"data: {source} ({len(dataset.data):,} chars, vocab {dataset.vocab_size}); {env.world_size} "
           f"x {env.device}, {torch.get_num_threads()} threads each, batch {args.batch_size} x "
           f"{args.block_size} tokens per rank, {args.warmup} warmup + {args.steps} timed + "

@@ -3,6 +3,7 @@ import argparse
 import ctypes
 import json
 import os
+import platform
 import string
 import subprocess
 import sys
@@ -132,7 +133,42 @@ def run_workers(script: str, nproc: int, threads: int, args: list[str]) -> dict:
     return json.loads(found[0][len(RESULT_PREFIX):])
 
 
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux); platform.processor() is often empty."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# The CPU features that decide this project's speed: fp32 vector width, native bf16, AMX tiles.
+SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def machine() -> dict:
+    """What a result was measured on, so that figures from different machines are not compared."""
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        flags = set()
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "cpu": cpu_name(),
+        "cpu_flags": [flag for flag in SPEED_FLAGS if flag in flags],
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+
+
 def save_json(path: Path, payload: dict) -> None:
+    """The figures, with the machine they were measured on (bench/results/ is committed: the
+    README's tables cite these files)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2, default=str))
+    path.write_text(json.dumps({"machine": machine(), **payload}, indent=2, default=str))
     print(f"wrote {path}")

@@ -1,39 +1,74 @@
-"""The peak a device could reach, for model FLOPs utilisation (MFU): achieved FLOP/s / peak.
+"""Model FLOPs utilisation (MFU): the FLOP/s a device achieves over the peak of the precision in use.
 
-GPUs: the datasheet's dense bf16 tensor-core peak (the convention MFU figures are quoted in).
-CPUs: no datasheet figure fits a laptop, so the fp32 matmul rate is measured at the thread count
-training uses; it is the most a matmul-bound model can reach there.
+MFU is per device: tokens per second per rank x training FLOPs per token / that rank's peak. The
+peak is that of the dtype the matmuls actually run in (precision.Precision.matmul_dtype):
+- GPUs: the datasheet's dense tensor-core figure for bf16 or fp16, TF32 for fp32 runs (which allow
+  TF32 on CUDA), matched by the device's name;
+- CPUs: no datasheet fits a laptop, so the rate of square matmuls in that dtype is measured at the
+  thread count training uses, at sizes large enough to reach it.
 """
+import re
 import time
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Optional
 
 import torch
 
-# Dense bf16 TFLOP/s, matched in order against torch.cuda.get_device_name().
-GPU_BF16_PEAK_TFLOPS = (
-    ("H100 PCIe", 756.0),
-    ("H100 NVL", 835.0),
-    ("H100", 989.0),  # SXM, also reported as "H100 80GB HBM3"
-    ("H200", 989.0),
-    ("GH200", 989.0),
-    ("B200", 2250.0),
-    ("A100", 312.0),
-    ("A10G", 125.0),
-    ("L4", 121.0),
-    ("L40S", 362.0),
-    ("RTX 4090", 165.0),
-    ("V100", 125.0),
+
+@dataclass(frozen=True)
+class GpuPeaks:
+    """Dense (not 2:4 sparse) datasheet peaks in TFLOP/s; None where the GPU lacks the dtype."""
+
+    name: str
+    """As it appears in torch.cuda.get_device_name(), matched as whole words."""
+    bf16: Optional[float]
+    fp16: Optional[float]
+    tf32: Optional[float]
+    fp32: float
+
+
+# NVIDIA's datasheets (sparse figures halved). Matched most specific name first, whole words only,
+# so that "L40S" is not read as "L4" nor "GH200" as "H200".
+GPU_PEAKS = (
+    GpuPeaks("H100 NVL", 835.5, 835.5, 417.5, 60.0),
+    GpuPeaks("H100 PCIe", 756.5, 756.5, 378.0, 51.2),
+    GpuPeaks("H100", 989.5, 989.5, 494.5, 66.9),  # SXM; reported as "NVIDIA H100 80GB HBM3"
+    GpuPeaks("H200 NVL", 835.5, 835.5, 417.5, 60.0),
+    GpuPeaks("H200", 989.5, 989.5, 494.5, 66.9),
+    GpuPeaks("GH200", 989.5, 989.5, 494.5, 66.9),
+    GpuPeaks("B200", 2250.0, 2250.0, 1100.0, 75.0),
+    GpuPeaks("A100", 312.0, 312.0, 156.0, 19.5),  # 40 and 80 GB, SXM and PCIe alike
+    GpuPeaks("A10G", 70.0, 70.0, 35.0, 31.2),  # AWS's A10 variant: fewer tensor FLOPs than the A10
+    GpuPeaks("A10", 125.0, 125.0, 62.5, 31.2),
+    GpuPeaks("L40S", 362.0, 362.0, 183.0, 91.6),
+    GpuPeaks("L40", 181.0, 181.0, 90.5, 90.5),
+    GpuPeaks("L4", 121.0, 121.0, 60.0, 30.3),
+    GpuPeaks("RTX 4090", 165.2, 165.2, 82.6, 82.6),  # fp16/bf16 with fp32 accumulation
+    GpuPeaks("V100", None, 125.0, None, 15.7),
+    GpuPeaks("T4", None, 65.0, None, 8.1),
 )
 CPU_MATMUL_SIZES = (1024, 2048)
+"""Square matmuls this large reach the CPU's rate in fp32 and bf16 (notes: 4096 is slower in bf16)."""
 
 
-def gpu_peak_flops(device: torch.device) -> Optional[float]:
-    name = torch.cuda.get_device_name(device)
-    for fragment, tflops in GPU_BF16_PEAK_TFLOPS:
-        if fragment in name:
-            return tflops * 1e12
+def _mentions(device_name: str, model: str) -> bool:
+    return re.search(rf"(?<!\w){re.escape(model)}(?!\w)", device_name) is not None
+
+
+def gpu_peaks_for(device_name: str) -> Optional[GpuPeaks]:
+    """The table's entry for a device name, the most specific match first; None if unknown."""
+    for peaks in sorted(GPU_PEAKS, key=lambda p: len(p.name), reverse=True):
+        if _mentions(device_name, peaks.name):
+            return peaks
     return None
+
+
+def gpu_peak_flops(device: torch.device, dtype: str) -> Optional[float]:
+    """Datasheet FLOP/s of this GPU in dtype ('bf16', 'fp16', 'tf32' or 'fp32'); None if unknown."""
+    peaks = gpu_peaks_for(torch.cuda.get_device_name(device))
+    tflops = getattr(peaks, dtype) if peaks else None
+    return tflops * 1e12 if tflops else None
 
 
 def wait_for(device: torch.device) -> None:
@@ -57,6 +92,10 @@ def best_seconds(fn: Callable[[], object], device: torch.device, repeats: int) -
     return best
 
 
+CPU_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+"""What a CPU trains in (precision.py); fp16 only when a test forces it, with no meaningful peak."""
+
+
 def matmul_flops_by_size(dtype: torch.dtype = torch.float32, device: torch.device = torch.device("cpu"),
                          sizes: tuple[int, ...] = CPU_MATMUL_SIZES, repeats: int = 3) -> dict[int, float]:
     """FLOP/s of n x n matmuls for each n, at the current torch thread count (best of repeats)."""
@@ -69,10 +108,15 @@ def matmul_flops_by_size(dtype: torch.dtype = torch.float32, device: torch.devic
 
 
 @lru_cache(maxsize=None)
-def peak_flops(device: torch.device) -> Optional[float]:
-    """FLOP/s to measure MFU against on this device (None when unknown)."""
+def peak_flops(device: torch.device, dtype: str) -> Optional[float]:
+    """FLOP/s to hold a run whose matmuls are in dtype against, on this device (None when unknown)."""
     if device.type == "cuda":
-        return gpu_peak_flops(device)
-    if device.type == "cpu":
-        return max(matmul_flops_by_size().values())
+        return gpu_peak_flops(device, dtype)
+    if device.type == "cpu" and dtype in CPU_DTYPES:
+        return max(matmul_flops_by_size(CPU_DTYPES[dtype], device).values())
     return None
+
+
+def model_flops_utilization(tokens_per_s_per_device: float, flops_per_token: float, peak: float) -> float:
+    """The one definition of MFU here: one device's achieved model FLOP/s over its peak."""
+    return tokens_per_s_per_device * flops_per_token / peak

@@ -61,7 +61,7 @@ def load_dataset(config: DataConfig, env: DistEnv) -> CharDataset:
 
 
 def train(config: TrainConfig) -> None:
-    with distributed_session() as env:
+    with distributed_session(config.trainer_config.process_group_timeout_s) as env:
         configure_logging(env.rank)
         build_and_train(config, env)
 

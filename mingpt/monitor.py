@@ -2,6 +2,10 @@
 
 Rate-limited: a report waits for the device (it reads the loss), so it comes at most every
 `interval_s` seconds (every second as a progress bar on a terminal), never every step.
+
+Rates are measured from the end of the first step after each (re)start of measuring: that step
+carries start-up (data workers, allocator, compilation, the first eval's aftermath), which would
+otherwise show as a slow rate and an ETA of days.
 """
 import datetime
 import time
@@ -9,6 +13,7 @@ from typing import Optional
 
 import torch
 
+from flops import model_flops_utilization
 from logger import on_terminal, show_status
 
 BAR_WIDTH = 20
@@ -20,28 +25,41 @@ def format_eta(seconds: float) -> str:
 
 
 class TrainingMonitor:
-    def __init__(self, flops_per_token: int, peak_flops: Optional[float], total_steps: int,
-                 max_epochs: int, interval_s: float, active: bool):
+    def __init__(self, flops_per_token: int, peak_flops: Optional[float], world_size: int,
+                 total_steps: int, max_epochs: int, interval_s: float, active: bool):
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
+        """One device's peak in the precision training uses (flops.peak_flops); None: no MFU."""
+        self.world_size = world_size
         self.total_steps = total_steps
         self.max_epochs = max_epochs
         self.interval_s = TERMINAL_INTERVAL_S if on_terminal() else interval_s
         self.active = active
         self.tokens_per_s: Optional[float] = None
-        """Throughput over the latest report window."""
-        self._window = (time.monotonic(), 0, 0)  # start time, step, tokens
+        """Throughput of all ranks together over the latest report window."""
+        self._window: Optional[tuple[float, int, int]] = None  # start time, step, tokens
 
-    def restart_window(self, step: int, tokens: int) -> None:
-        """Measure from here: call after anything that is not training (eval, snapshots)."""
-        self._window = (time.monotonic(), step, tokens)
+    def restart_window(self) -> None:
+        """Measure afresh from the end of the next step: call before training starts or resumes
+        after anything that is not training (eval, snapshots)."""
+        self._window = None
+
+    @property
+    def mfu(self) -> Optional[float]:
+        if self.tokens_per_s is None or not self.peak_flops:
+            return None
+        per_device = self.tokens_per_s / self.world_size
+        return model_flops_utilization(per_device, self.flops_per_token, self.peak_flops)
 
     def update(self, epoch: int, step: int, tokens: int, loss: torch.Tensor) -> None:
         if not self.active:
             return
+        if self._window is None:
+            loss.item()  # wait for the warm-up step itself to finish, once per window
+            self._window = (time.monotonic(), step, tokens)
+            return
         start, start_step, start_tokens = self._window
-        elapsed = time.monotonic() - start
-        if elapsed < self.interval_s or step == start_step:
+        if time.monotonic() - start < self.interval_s or step == start_step:
             return
         loss_value = loss.item()  # waits for the device, so the clock below is honest
         elapsed = time.monotonic() - start
@@ -52,8 +70,7 @@ class TrainingMonitor:
 
     def _line(self, epoch: int, step: int, loss: float, seconds_per_step: float) -> str:
         done = step / max(self.total_steps, 1)
-        mfu = (f" | MFU {self.tokens_per_s * self.flops_per_token / self.peak_flops:.1%}"
-               if self.peak_flops else "")
+        mfu = f" | MFU {self.mfu:.1%}" if self.mfu is not None else ""
         bar = ""
         if on_terminal():
             filled = round(BAR_WIDTH * done)

@@ -13,6 +13,7 @@ and any world size resume any other's.
 """
 import contextlib
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -51,10 +52,22 @@ class Parallelism:
     """fsdp only: parameters, gradients and optimizer state live in CPU memory."""
 
 
-def parallelize(model: nn.Module, parallelism: Parallelism, precision: Precision, env: DistEnv) -> nn.Module:
-    """Move the model to this rank's device and wrap it for data-parallel training."""
+def parallelize(model: nn.Module, parallelism: Parallelism, precision: Precision, env: DistEnv,
+                compile: bool = False) -> nn.Module:
+    """Move the model to this rank's device and wrap it for data-parallel training.
+
+    compile: torch.compile in place (parameter names, and so snapshots, stay as they are), on the
+    module the wrapper will hold, as torch's documentation advises: the whole model under DDP; each
+    transformer block under FSDP, before it is sharded, so that FSDP's all-gather and reduce-scatter
+    hooks run around compiled blocks rather than inside one compiled graph.
+    """
     if parallelism.method == "fsdp":
+        if compile:
+            for block in model.blocks:
+                block.compile()
         return _shard(model, parallelism.cpu_offload, precision, env)
+    if compile:
+        model.compile()
     model = model.to(env.device)
     if env.world_size == 1:
         return model  # nothing to synchronise: DDP would only add bucket copies to every step
@@ -145,4 +158,20 @@ def restore_full_state(
 ) -> None:
     """Load full state (as gathered above, present on every rank) into this rank's part."""
     set_model_state_dict(model, model_state, options=_RESTORE)
-    set_optimizer_state_dict(model, optimizer, optimizer_state, options=_RESTORE)
+    restore_optimizer_state(model, optimizer, optimizer_state, options=_RESTORE)
+
+
+OPTIMIZER_BUILD_FLAGS = ("fused", "foreach", "capturable", "differentiable")
+"""How an optimizer computes its step, chosen for the run that builds it (see fused_optimizer_allowed)."""
+
+
+def restore_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict,
+                            options: Optional[StateDictOptions] = None) -> None:
+    """Load optimizer state, keeping this run's build flags: loading restores param_groups whole,
+    so an FSDP+fp16 snapshot (unfused AdamW) would make a DDP+fp16 run's AdamW unfused while its
+    GradScaler, seeing an optimizer built fused, hands it the scale, and the step fails."""
+    flags = [{key: group[key] for key in OPTIMIZER_BUILD_FLAGS if key in group}
+             for group in optimizer.param_groups]
+    set_optimizer_state_dict(model, optimizer, state, options=options)
+    for group, own in zip(optimizer.param_groups, flags):
+        group.update(own)

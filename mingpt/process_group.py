@@ -8,10 +8,16 @@ import gc
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Iterator
 
 import torch
 import torch.distributed as dist
+
+from errors import MinGPTError
+
+DEFAULT_TIMEOUT_S = 1800.0
+"""Collectives wait this long for the slowest rank (NCCL's own default is 10 minutes)."""
 
 
 @dataclass(frozen=True)
@@ -48,44 +54,63 @@ def _env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 
 
-def _pick_device(local_rank: int) -> torch.device:
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-        return device
-    return torch.device("cpu")
+def _pick_device(local_rank: int, local_world_size: int) -> torch.device:
+    """This rank's GPU, or the CPU on a machine without one. Two ranks never share a GPU: NCCL
+    refuses that ("Duplicate GPU detected"), and the error would surface as a lost peer."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    gpus = torch.cuda.device_count()
+    if local_world_size > gpus:
+        raise MinGPTError(f"{local_world_size} processes on this machine but {gpus} GPU(s) visible; start "
+                          f"one process per GPU (torchrun --nproc_per_node={gpus}, or python launch.py)")
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    return device
 
 
-def init_distributed() -> DistEnv:
-    """Join the process group: NCCL when CUDA is available, else gloo; one device per rank."""
+def backend_for(device: torch.device) -> str:
+    """NCCL for CUDA tensors, and gloo beside it for CPU tensors: FSDP's CPU offload keeps gradient
+    shards in host memory, and clipping all-reduces their norms, which a plain "nccl" group refuses
+    ("No backend type associated with device type cpu"). Gloo alone on a CPU-only machine."""
+    return "cuda:nccl,cpu:gloo" if device.type == "cuda" else "gloo"
+
+
+def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> DistEnv:
+    """Join the process group: NCCL (plus gloo) with CUDA, else gloo; one device per rank.
+
+    timeout_s bounds how long a collective waits for the slowest rank, for example the other ranks
+    waiting in the next collective while rank 0 alone writes a large snapshot to S3.
+    """
     launched = launched_by_torchrun()
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", 0)
     world_size = _env_int("WORLD_SIZE", 1)
-    device = _pick_device(local_rank)
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    local_world_size = _env_int("LOCAL_WORLD_SIZE", 1)
+    device = _pick_device(local_rank, local_world_size)
+    options = {"timeout": timedelta(seconds=timeout_s),
+               "device_id": device if device.type == "cuda" else None}  # binds NCCL to this GPU
     if launched:
-        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(backend_for(device), **options)
     else:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend_for(device), store=dist.HashStore(), rank=0, world_size=1, **options)
     return DistEnv(
         rank=rank,
         local_rank=local_rank,
         world_size=world_size,
-        local_world_size=_env_int("LOCAL_WORLD_SIZE", 1),
+        local_world_size=local_world_size,
         device=device,
-        backend=backend,
+        backend="nccl" if device.type == "cuda" else "gloo",
     )
 
 
 @contextmanager
-def distributed_session() -> Iterator[DistEnv]:
+def distributed_session(timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[DistEnv]:
     """Init the process group, and on the way out wait for every rank then tear it down.
 
     On an error the barrier is skipped (the other ranks may never reach it; torchrun stops them),
     so a failing rank exits at once instead of hanging.
     """
-    env = init_distributed()
+    env = init_distributed(timeout_s)
     try:
         yield env
         dist.barrier()

@@ -36,10 +36,10 @@ from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
-    set_optimizer_state_dict,
 )
 
 from errors import MinGPTError, OneLineArgumentParser, SnapshotError
+from parallel import restore_optimizer_state
 from process_group import barrier
 from snapshot import Snapshot, list_entries, read_snapshot, write_snapshot
 from storage import short_reason
@@ -154,7 +154,7 @@ class ShardedSnapshotStore:
                 dcp.load(tensors, storage_reader=SafeReader(folder))
             set_model_state_dict(model, tensors["model"], options=StateDictOptions(strict=True))
             optimizer_state = {"state": tensors["optimizer"], **info.optimizer_state}
-            set_optimizer_state_dict(model, optimizer, optimizer_state)
+            restore_optimizer_state(model, optimizer, optimizer_state)
         except DCP_ERRORS as e:
             raise SnapshotError(f"sharded snapshot {folder} cannot be loaded ({_reason(e)}); move it "
                                 "away or set trainer_config.snapshot_path to another location") from None

@@ -31,7 +31,7 @@ from parallel import (
     unwrap,
 )
 from precision import AMP_DTYPES, resolve_precision
-from process_group import DistEnv, all_gather_objects, all_reduce_sum
+from process_group import DEFAULT_TIMEOUT_S, DistEnv, all_gather_objects, all_reduce_sum
 from sharded_snapshot import ShardedSnapshotStore
 from snapshot import Progress, Snapshot, SnapshotStore
 from storage import check_writable, parent_folder
@@ -83,10 +83,14 @@ class TrainerConfig:
     """Also write the metrics as TensorBoard scalars into this folder (local or fsspec)."""
     progress_interval_s: float = 30.0
     """Seconds between progress lines (tokens/s, MFU, ETA); a terminal gets a live bar instead."""
+    process_group_timeout_s: float = DEFAULT_TIMEOUT_S
+    """How long a collective waits for the slowest rank before failing the run; it must cover rank
+    0 writing a single-file snapshot alone (to S3, minutes for a large model) while the rest wait."""
 
     def __post_init__(self) -> None:
         check_positive(self, "trainer_config", "max_epochs", "batch_size", "grad_accum_steps", "save_every",
-                       "grad_norm_clip", "log_every", "keep_last", "progress_interval_s")
+                       "grad_norm_clip", "log_every", "keep_last", "progress_interval_s",
+                       "process_group_timeout_s")
         for key in ("data_loader_workers", "save_every_steps"):
             value = getattr(self, key)
             check(value >= 0, f"trainer_config.{key}", f"must not be negative, got {value}")
@@ -114,10 +118,15 @@ def capture_rng(device: torch.device) -> dict[str, Optional[torch.Tensor]]:
             "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
 
 
-def restore_rng(state: dict[str, Optional[torch.Tensor]], device: torch.device) -> None:
+def restore_rng(state: dict[str, Optional[torch.Tensor]], device: torch.device, fallback_seed: int) -> None:
+    """Put the generators back as captured. A snapshot made on the CPU has no CUDA state: then
+    this rank's own seed, never one shared by all ranks (every rank would drop the same units)."""
     torch.set_rng_state(state["cpu"])
-    if device.type == "cuda" and state["cuda"] is not None:
-        torch.cuda.set_rng_state(state["cuda"], device)
+    if device.type == "cuda":
+        if state["cuda"] is not None:
+            torch.cuda.set_rng_state(state["cuda"], device)
+        else:
+            torch.cuda.manual_seed(fallback_seed)
 
 
 class Trainer:
@@ -136,10 +145,9 @@ class Trainer:
         self.vocab = vocab
         self.block_size = unwrap(model).config.block_size
         self.precision = resolve_precision(config.use_amp, config.amp_dtype, env.device)
-        if config.compile:
-            model.compile()  # in place: parameter names, and so snapshots, stay as they are
+        self.precision.configure_matmuls()
         self.model = parallelize(model, Parallelism(config.distributed_method, config.cpu_offload),
-                                 self.precision, env)
+                                 self.precision, env, compile=config.compile)
         self.optimizer_config = optimizer_config
         self.optimizer = create_optimizer(self.model, optimizer_config,
                                           allow_fused=fused_optimizer_allowed(self.model, self.precision))
@@ -164,7 +172,8 @@ class Trainer:
         self.total_steps = config.max_epochs * self.steps_per_epoch
         self.monitor = TrainingMonitor(
             flops_per_token=unwrap(self.model).flops_per_token(),
-            peak_flops=peak_flops(env.device) if env.is_main else None,
+            peak_flops=peak_flops(env.device, self.precision.matmul_dtype) if env.is_main else None,
+            world_size=env.world_size,
             total_steps=self.total_steps,
             max_epochs=config.max_epochs,
             interval_s=config.progress_interval_s,
@@ -201,17 +210,20 @@ class Trainer:
         sampler.set_epoch(epoch)
         sampler.skip_next(first_batch * self.train_loader.batch_size)
         if self._rng_to_restore is not None:
-            restore_rng(self._rng_to_restore, self.env.device)
+            restore_rng(self._rng_to_restore, self.env.device, fallback_seed=self._dropout_seed(epoch))
             self._rng_to_restore = None
         else:
-            # Dropout differs per rank and per epoch, yet an epoch replays exactly after a resume.
-            torch.manual_seed(self.config.seed + MAX_RANKS * epoch + self.env.rank)
+            torch.manual_seed(self._dropout_seed(epoch))  # seeds the CUDA generators too
         return first_batch
+
+    def _dropout_seed(self, epoch: int) -> int:
+        """Dropout differs per rank and per epoch, yet an epoch replays exactly after a resume."""
+        return self.config.seed + MAX_RANKS * epoch + self.env.rank
 
     def _train_epoch(self, epoch: int) -> None:
         self.model.train()
         first_batch = self._start_epoch(epoch)
-        self.monitor.restart_window(self.progress.step, self.progress.tokens)
+        self.monitor.restart_window()
         for iteration, batch in enumerate(self.train_loader, start=first_batch):
             inputs, targets = self._to_device(batch)
             loss = self.train_step(inputs, targets)
@@ -219,7 +231,7 @@ class Trainer:
             self.monitor.update(epoch, self.progress.step, self.progress.tokens, loss)
             self.metrics.record("train", loss, epoch=epoch, iter=iteration, step=self.progress.step,
                                 tokens=self.progress.tokens, lr=self.optimizer.param_groups[0]["lr"],
-                                tokens_per_s=self.monitor.tokens_per_s)
+                                tokens_per_s=self.monitor.tokens_per_s, mfu=self.monitor.mfu)
             self._log_loss("Train", epoch, iteration, loss)
             if self.config.save_every_steps and self.progress.step % self.config.save_every_steps == 0:
                 self._save_snapshot(f"step {self.progress.step}")

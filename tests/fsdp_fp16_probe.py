@@ -1,11 +1,14 @@
-"""Run by test_parallel.py under torchrun: FSDP with fp16 parameters and the sharded GradScaler.
+"""Run by test_parallel.py (under torchrun, or alone): fp16 training with a GradScaler on the CPU.
+
+    fsdp_fp16_probe.py METHOD SNAPSHOT_FOLDER
 
 A CPU never chooses fp16 (precision.py), so this forces the CUDA-style choice to exercise that path
-here: FSDP's fp16 mixed-precision policy, ShardedGradScaler, and the optimizer that works with it.
-Rank 0 prints `FP16 <scaler> <first loss> <last loss> <scale>`.
+here: with fsdp, FSDP's fp16 mixed-precision policy, ShardedGradScaler, and the optimizer that works
+with it; with ddp, autocast and the plain GradScaler with fused AdamW. It resumes from the snapshot
+folder's newest snapshot when there is one, trains 30 steps and saves. Rank 0 prints
+`FP16 <scaler> <first loss> <last loss> <scale>`.
 """
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "mingpt"))
@@ -20,12 +23,13 @@ from process_group import distributed_session  # noqa: E402
 
 trainer_module.resolve_precision = lambda use_amp, amp_dtype, device: Precision(device.type, torch.float16)
 
-with distributed_session() as env, tempfile.TemporaryDirectory() as scratch:
+method, snapshots = sys.argv[1:3]
+with distributed_session() as env:
     dataset = CharDataset("".join(chr(97 + (i * 31) % 20) for i in range(5000)), 16)
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=dataset.vocab_size, block_size=16))
-    config = trainer_module.TrainerConfig(batch_size=16, data_loader_workers=0, distributed_method="fsdp",
-                                          snapshot_path=f"{scratch}/snap.pt")
+    config = trainer_module.TrainerConfig(batch_size=16, data_loader_workers=0, distributed_method=method,
+                                          snapshot_path=snapshots)
     trainer = trainer_module.Trainer(config, model, OptimizerConfig(learning_rate=3e-3), dataset, None,
                                      dataset.vocab, env)
     batches = iter(trainer.train_loader)

@@ -1,4 +1,4 @@
-"""flops.py: the peak MFU is quoted against."""
+"""flops.py: the peak MFU is held against, and MFU's one definition."""
 import math
 import time
 
@@ -20,18 +20,57 @@ def test_matmul_flops_by_size_measures_each_size(one_torch_thread):
     assert all(math.isfinite(r) and r > 1e6 for r in rates.values())
 
 
-@pytest.mark.parametrize("name, tflops", [
-    ("NVIDIA H100 PCIe", 756.0),
-    ("NVIDIA H100 80GB HBM3", 989.0),
-    ("NVIDIA A100-SXM4-80GB", 312.0),
+# Names as torch.cuda.get_device_name() reports them, with the dense bf16 TFLOP/s expected.
+@pytest.mark.parametrize("name, bf16", [
+    ("NVIDIA H100 80GB HBM3", 989.5),
+    ("NVIDIA H100 PCIe", 756.5),
+    ("NVIDIA H100 NVL", 835.5),
+    ("NVIDIA H200", 989.5),
+    ("NVIDIA GH200 480GB", 989.5),
+    ("NVIDIA A100-SXM4-40GB", 312.0),
+    ("NVIDIA A100 80GB PCIe", 312.0),
+    ("NVIDIA L4", 121.0),
+    ("NVIDIA L40", 181.0),
+    ("NVIDIA L40S", 362.0),
+    ("NVIDIA A10G", 70.0),
+    ("NVIDIA A10", 125.0),
+    ("NVIDIA GeForce RTX 4090", 165.2),
+    ("Tesla V100-SXM2-16GB", None),  # no bf16 tensor cores
     ("Some Future GPU", None),
 ])
-def test_gpu_peak_comes_from_the_datasheet_table_by_name(monkeypatch, name, tflops):
+def test_gpu_peak_is_the_most_specific_datasheet_entry(monkeypatch, name, bf16):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-    peak = flops.gpu_peak_flops(torch.device("cuda"))
-    assert peak == (None if tflops is None else tflops * 1e12)
+    peak = flops.gpu_peak_flops(torch.device("cuda"), "bf16")
+    assert peak == (None if bf16 is None else bf16 * 1e12)
 
 
-def test_peak_is_measured_on_cpu_and_unknown_elsewhere():
-    assert flops.peak_flops(torch.device("cpu")) > 1e8
-    assert flops.peak_flops(torch.device("meta")) is None
+def test_gpu_peak_follows_the_precision_in_use(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    cuda = torch.device("cuda")
+    assert [flops.gpu_peak_flops(cuda, dtype) for dtype in ("bf16", "fp16", "tf32", "fp32")] == [
+        312e12, 312e12, 156e12, 19.5e12]
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-PCIE-32GB")
+    assert flops.gpu_peak_flops(cuda, "fp16") == 125e12 and flops.gpu_peak_flops(cuda, "tf32") is None
+
+
+def test_cpu_peak_is_measured_in_the_dtype_asked_for(monkeypatch):
+    measured = []
+
+    def fake_rates(dtype, device):
+        measured.append(dtype)
+        return {1024: 1e9 if dtype == torch.float32 else 4e9, 2048: 2e9 if dtype == torch.float32 else 8e9}
+
+    monkeypatch.setattr(flops, "matmul_flops_by_size", fake_rates)
+    cpu = torch.device("cpu")
+    flops.peak_flops.cache_clear()
+    try:
+        assert flops.peak_flops(cpu, "bf16") == 8e9 and flops.peak_flops(cpu, "fp32") == 2e9
+        assert flops.peak_flops(cpu, "fp16") is None  # a CPU never trains in fp16
+        assert flops.peak_flops(torch.device("meta"), "fp32") is None
+    finally:
+        flops.peak_flops.cache_clear()
+    assert measured == [torch.bfloat16, torch.float32]
+
+
+def test_mfu_is_one_device_rate_over_its_peak():
+    assert flops.model_flops_utilization(500.0, 1000, 1e6) == 0.5

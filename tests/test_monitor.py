@@ -9,26 +9,44 @@ def test_eta_format():
     assert format_eta(3725.9) == "1:02:05"
 
 
-def test_reports_tokens_per_second_mfu_and_eta(capsys, monkeypatch):
+def tracker_at(monkeypatch, times: list[float], **settings) -> TrainingMonitor:
+    """A monitor on rank 0 whose clock reads `times` in turn."""
     configure_logging(rank=0)
-    clock = iter([0.0, 100.0, 110.0, 110.0, 110.0])  # init, window start, then the report
+    clock = iter(times)
     monkeypatch.setattr(monitor.time, "monotonic", lambda: next(clock))
-    tracker = TrainingMonitor(flops_per_token=1000, peak_flops=1e6, total_steps=30, max_epochs=3,
-                              interval_s=5, active=True)
-    tracker.restart_window(step=0, tokens=0)
-    tracker.update(epoch=1, step=10, tokens=5000, loss=torch.tensor(1.5))
+    options = {"flops_per_token": 1000, "peak_flops": 1e6, "world_size": 1, "total_steps": 30,
+               "max_epochs": 3, "interval_s": 5, "active": True, **settings}
+    return TrainingMonitor(**options)
+
+
+def test_rate_mfu_and_eta_start_after_the_first_step_not_at_start_up(capsys, monkeypatch):
+    # Start-up and the first step take 100 s; then 10 steps of 500 tokens take 10 s.
+    tracker = tracker_at(monkeypatch, [100.0, 110.0, 110.0, 110.0])
+    tracker.restart_window()
+    tracker.update(epoch=1, step=1, tokens=500, loss=torch.tensor(2.0))  # opens the window at 100 s
+    assert capsys.readouterr().out == ""
+    tracker.update(epoch=1, step=11, tokens=5500, loss=torch.tensor(1.5))
     line = capsys.readouterr().out.strip()
-    # 5,000 tokens in 10 s = 500 tok/s; x 1000 FLOP/token = 5e5 of a 1e6 peak; 20 steps at 1 s each.
-    assert line == "epoch 1/3 | step 10/30 | loss 1.5000 | 500 tok/s | MFU 50.0% | ETA 0:00:20"
+    # 5,000 tokens in 10 s = 500 tok/s; x 1000 FLOP/token = 5e5 of a 1e6 peak; 19 steps at 1 s each.
+    assert line == "epoch 1/3 | step 11/30 | loss 1.5000 | 500 tok/s | MFU 50.0% | ETA 0:00:19"
     assert tracker.tokens_per_s == 500
 
 
+def test_mfu_is_per_device_not_the_whole_world_over_one_device(monkeypatch):
+    tracker = tracker_at(monkeypatch, [0.0, 10.0, 10.0, 10.0], world_size=4)
+    tracker.restart_window()
+    tracker.update(1, 1, 0, torch.tensor(1.0))
+    tracker.update(1, 11, 20_000, torch.tensor(1.0))  # 2,000 tok/s over 4 ranks: 500 each
+    assert tracker.tokens_per_s == 2000
+    assert tracker.mfu == 0.5
+
+
 def test_rate_limited_and_silent_off_rank_zero(capsys, monkeypatch):
-    configure_logging(rank=0)
-    monkeypatch.setattr(monitor.time, "monotonic", lambda: 100.0)
-    tracker = TrainingMonitor(1000, None, 30, 3, interval_s=5, active=True)
-    tracker.restart_window(0, 0)
+    tracker = tracker_at(monkeypatch, [100.0] * 4, peak_flops=None)
+    tracker.restart_window()
+    tracker.update(1, 1, 500, torch.tensor(1.0))
     tracker.update(1, 10, 5000, torch.tensor(1.0))  # no time has passed: no report
-    quiet = TrainingMonitor(1000, None, 30, 3, interval_s=0.0, active=False)
+    quiet = TrainingMonitor(1000, None, 1, 30, 3, interval_s=0.0, active=False)
+    quiet.update(1, 1, 500, torch.tensor(1.0))
     quiet.update(1, 10, 5000, torch.tensor(1.0))
-    assert capsys.readouterr().out == ""
+    assert capsys.readouterr().out == "" and tracker.mfu is None

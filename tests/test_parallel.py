@@ -3,6 +3,7 @@
 Runs share one schedule: a tiny model, 2 epochs of about 90 steps, a snapshot after each epoch.
 """
 import shutil
+import sys
 
 import pytest
 
@@ -99,10 +100,24 @@ def test_cpu_offload_trains_snapshots_and_resumes(text_file, tmp_path):
     assert "Snapshot saved at epoch 2" in result.stdout
 
 
-def test_fsdp_fp16_trains_with_the_sharded_grad_scaler():
-    result = run([*TORCHRUN, "--standalone", "--nproc_per_node=2", REPO / "tests" / "fsdp_fp16_probe.py"])
+FP16_PROBE = REPO / "tests" / "fsdp_fp16_probe.py"
+
+
+def fp16_run(launcher: list, method: str, snapshots) -> tuple[str, float, float, float]:
+    """(scaler class, first loss, last loss, loss scale) of 30 fp16 steps of fsdp_fp16_probe.py."""
+    result = run([*launcher, FP16_PROBE, method, snapshots])
     assert_ok(result)
     _, scaler, first, last, scale = next(line for line in result.stdout.splitlines()
                                          if line.startswith("FP16 ")).split()
+    return scaler, float(first), float(last), float(scale)
+
+
+def test_fsdp_fp16_trains_with_the_sharded_grad_scaler_and_ddp_resumes_it(tmp_path):
+    """The FSDP+fp16 optimizer is unfused (for the sharded scaler); a DDP+fp16 run resuming its
+    snapshot must keep its own fused AdamW, or the GradScaler hands an unfused step its scale."""
+    scaler, first, last, scale = fp16_run([*TORCHRUN, "--standalone", "--nproc_per_node=2"], "fsdp", tmp_path)
     assert scaler == "ShardedGradScaler"
-    assert float(last) < float(first) - 1.0 and float(scale) > 1.0
+    assert last < first - 1.0 and scale > 1.0
+    scaler, first_resumed, _, _ = fp16_run([sys.executable], "ddp", tmp_path)
+    assert scaler == "GradScaler"
+    assert first_resumed < first - 1.0  # it continued from the FSDP run's weights

@@ -39,3 +39,33 @@ def test_compiled_model_trains_and_snapshots_plain_names(text_file, tmp_path):
     assert lines[-1]["loss"] < lines[0]["loss"] - 0.5
     names = torch.load(snapshot, weights_only=True)["model_state"]
     assert "tok_emb.weight" in names and not any(name.startswith("_orig_mod") for name in names)
+
+
+@pytest.mark.parametrize("use_amp, peak", [(True, 8e9), (False, 2e9)])
+def test_mfu_is_held_against_the_peak_of_the_precision_in_use(monkeypatch, tmp_path, world_of_one,
+                                                              one_torch_thread, use_amp, peak):
+    """bf16 work held against the fp32 matmul peak read as MFU over 100% on CPUs with fast bf16."""
+    import flops
+    import precision
+    from char_dataset import CharDataset
+    from helpers import make_text
+    from model import GPT, GPTConfig, OptimizerConfig
+    from process_group import DistEnv
+    from trainer import Trainer, TrainerConfig
+
+    import torch
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(flops, "matmul_flops_by_size",
+                        lambda dtype, device: {2048: 8e9 if dtype == torch.bfloat16 else 2e9})
+    flops.peak_flops.cache_clear()
+    dataset = CharDataset(make_text(500), 8)
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, vocab_size=dataset.vocab_size, block_size=8))
+    env = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"),
+                  backend="gloo")
+    config = TrainerConfig(use_amp=use_amp, data_loader_workers=0, snapshot_path=str(tmp_path / "s.pt"))
+    try:
+        trainer = Trainer(config, model, OptimizerConfig(), dataset, None, dataset.vocab, env)
+        assert trainer.monitor.peak_flops == peak
+    finally:
+        flops.peak_flops.cache_clear()
