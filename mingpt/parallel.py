@@ -167,11 +167,11 @@ OPTIMIZER_BUILD_FLAGS = ("fused", "foreach", "capturable", "differentiable")
 
 def restore_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict,
                             options: Optional[StateDictOptions] = None) -> None:
-    """Load optimizer state, keeping this run's build flags: loading restores param_groups whole,
+    """Load optimizer state, keeping this run's build flags. Loading restores param_groups whole,
     so an FSDP+fp16 snapshot (unfused AdamW) would make a DDP+fp16 run's AdamW unfused while its
-    GradScaler, seeing an optimizer built fused, hands it the scale, and the step fails."""
-    flags = [{key: group[key] for key in OPTIMIZER_BUILD_FLAGS if key in group}
-             for group in optimizer.param_groups]
+    GradScaler, seeing an optimizer built fused, hands it the scale, and the step fails. The flags
+    are set before loading: they also decide where loading puts the step counts (on the GPU for
+    the fused kernel, on the CPU otherwise)."""
+    own = {key: optimizer.param_groups[0][key] for key in OPTIMIZER_BUILD_FLAGS}
+    state = {**state, "param_groups": [{**group, **own} for group in state["param_groups"]]}
     set_optimizer_state_dict(model, optimizer, state, options=options)
-    for group, own in zip(optimizer.param_groups, flags):
-        group.update(own)

@@ -28,6 +28,6 @@ def test_the_collective_timeout_comes_from_the_caller():
     try:
         backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
         assert backend.options._timeout.total_seconds() == 123
-        assert env.world_size == 1 and env.backend == "gloo"
+        assert env.world_size == 1 and env.backend == ("nccl" if torch.cuda.is_available() else "gloo")
     finally:
         dist.destroy_process_group()
