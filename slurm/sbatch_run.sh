@@ -18,11 +18,22 @@
 #   RDZV_HOST       the head node's address, when `hostname --ip-address` there gives the wrong one
 #   TORCHRUN        the torchrun executable (default: `torchrun` on PATH, else the repo's .venv)
 #   MINGPT_REPO     the repository (default: the one this script was submitted from)
+#   REQUEUE         1: when the time-limit warning comes (below), requeue the job once the training
+#                   has saved its snapshot, so that it resumes from there when it runs again
+#   STOP_GRACE      seconds torchrun gives its workers to save after a stop signal (default 110;
+#                   keep it under the warning time)
 #
 # A training process that dies is restarted, with every other one, by torchrun (up to MAX_RESTARTS
 # times) and resumes from the last snapshot. A node that dies ends the job; submit it again (or
 # submit with --requeue) and it resumes from the snapshot, so keep the snapshot on storage every
 # node shares (a shared file system or s3://).
+#
+# Stopping without losing work: Slurm sends this script SIGUSR1 two minutes before the time limit
+# (--signal below; change it with sbatch --signal=B:USR1@SECONDS). The script then sends SIGTERM to
+# the training, whose ranks agree on a step, save a snapshot there and exit; with REQUEUE=1 the job
+# requeues itself and resumes from that snapshot. Preemption and scancel send SIGTERM to the
+# training directly, with the same clean stop (Slurm requeues a preempted job submitted with
+# --requeue by itself).
 #
 # One task per node: each task is a torchrun that starts NPROC_PER_NODE workers, so
 # --ntasks-per-node must stay 1; --cpus-per-task is the CPUs of that node's torchrun and workers.
@@ -31,6 +42,8 @@
 #SBATCH --ntasks-per-node=1
 #SBATCH --cpus-per-task=4
 #SBATCH --output=slurm-%j.out
+#SBATCH --open-mode=append
+#SBATCH --signal=B:USR1@120
 
 set -euo pipefail
 
@@ -112,6 +125,27 @@ node_main() {
     return "$status"
 }
 
+# torchrun forwards the signals it handles to its workers, then waits --shutdown-timeout seconds
+# before killing them: let it forward SIGUSR1 too (without a handler it would die at once and
+# orphan its workers), and give the workers time to save. Older torchruns lack these options.
+stop_options=()
+if "$torchrun" --help 2>/dev/null | grep -q -- "--signals-to-handle"; then
+    stop_options+=(--signals-to-handle "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
+fi
+if "$torchrun" --help 2>/dev/null | grep -q -- "--shutdown-timeout"; then
+    stop_options+=(--shutdown-timeout "${STOP_GRACE:-110}")
+fi
+
+# The time-limit warning (SIGUSR1, to this script only): ask every training process to stop. A
+# signal through `scancel --signal` only signals; srun itself would cancel the step on SIGTERM.
+warned=0
+on_time_limit_warning() {
+    warned=1
+    echo "[mingpt-ddp] job $SLURM_JOB_ID: time limit near (SIGUSR1): asking the training to save and stop"
+    scancel --signal=TERM "$SLURM_JOB_ID"
+}
+trap on_time_limit_warning USR1
+
 # --kill-on-bad-exit: when one node's torchrun gives up, stop the others rather than leave them
 # waiting for a rendezvous that will never complete.
 srun --nodes="${#nodes[@]}" --ntasks-per-node=1 --cpus-per-task="$cpus_per_task" --kill-on-bad-exit=1 \
@@ -123,4 +157,19 @@ srun --nodes="${#nodes[@]}" --ntasks-per-node=1 --cpus-per-task="$cpus_per_task"
     --rdzv_backend c10d \
     --rdzv_endpoint "$head_node_ip:$rdzv_port" \
     --max-restarts "${MAX_RESTARTS:-3}" \
-    "$main_py" "$@"
+    "${stop_options[@]}" \
+    "$main_py" "$@" &
+training=$!
+# A trapped signal interrupts `wait`; wait again until the training has really ended.
+status=0
+while true; do
+    wait "$training" && status=0 || status=$?
+    kill -0 "$training" 2>/dev/null || break
+done
+
+if [ "$warned" = 1 ] && [ "${REQUEUE:-0}" = 1 ]; then
+    echo "[mingpt-ddp] job $SLURM_JOB_ID: requeued; it resumes from its snapshot when it runs again"
+    scontrol requeue "$SLURM_JOB_ID"
+    exit 0
+fi
+exit "$status"

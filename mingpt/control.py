@@ -1,0 +1,107 @@
+"""Decisions every rank must take at the same step: stop on a signal, snapshot on a timer.
+
+A cluster stops a job with a signal: SIGTERM at preemption or `scancel`, or one chosen with
+`sbatch --signal` before the time limit. It may reach some ranks and not others, at different
+moments, yet every rank must stop after the same step and take part in one last snapshot. In the
+same way a snapshot every N minutes must be taken at the same step on every rank, though their
+clocks differ.
+
+So after every step each rank posts what it wants (stop: the number of a signal it received; save:
+rank 0's timer has run out) to a small all-reduce (max) on a gloo group of its own. The all-reduce
+runs in gloo's background thread and is read one step later, when it has long finished: no rank
+waits for it, and on a GPU it never synchronises the device. Every rank reads the same result after
+the same step, so all act at the same step boundary, one step after the request.
+"""
+import signal
+import time
+from dataclasses import dataclass
+from types import FrameType
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from errors import check
+
+STOP_EXIT_STATUS = 75
+"""Exit status of a run stopped by a signal after saving its snapshot (EX_TEMPFAIL: try again
+later); resuming from the snapshot continues it."""
+
+
+def signal_number(name: str) -> int:
+    """SIGTERM, TERM or sigterm -> signal.SIGTERM."""
+    upper = name.upper()
+    return int(getattr(signal.Signals, upper if upper.startswith("SIG") else f"SIG{upper}"))
+
+
+def check_signal_names(names: list[str], key: str) -> None:
+    for name in names:
+        try:
+            signal_number(name)
+        except AttributeError:
+            check(False, key, f"unknown signal {name!r}; use names such as SIGTERM or SIGUSR1")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What every rank does after this step."""
+
+    stop_signal: Optional[int] = None
+    """The signal that asks the run to stop (a snapshot first), or None to carry on."""
+    save: bool = False
+    """Take a snapshot now (the timer of save_every_minutes ran out on rank 0)."""
+
+    @property
+    def stop_signal_name(self) -> str:
+        return signal.Signals(self.stop_signal).name if self.stop_signal else ""
+
+
+class StepAgreement:
+    """Signals turned into a stop request, and rank 0's snapshot timer, agreed on by every rank."""
+
+    def __init__(self, stop_signals: list[str], save_every_minutes: float, is_main: bool):
+        self.save_interval_s = 60.0 * save_every_minutes
+        self.is_main = is_main
+        self.requested = 0
+        """The first stop signal this process received (0: none)."""
+        self._group = dist.new_group(backend="gloo")  # never queued behind gradient traffic
+        self._in_flight: Optional[tuple[dist.Work, torch.Tensor]] = None
+        self._last_save = time.monotonic()
+        self._previous_handlers = {number: signal.signal(number, self._on_signal)
+                                   for number in map(signal_number, stop_signals)}
+
+    def _on_signal(self, number: int, frame: Optional[FrameType]) -> None:
+        """Only note it: a second signal, say during the last snapshot, changes nothing."""
+        self.requested = self.requested or number
+
+    def after_step(self) -> Decision:
+        """Every rank calls this after every step; the ranks' wishes of the previous call decide."""
+        decision = self._collect()
+        save_due = (self.is_main and not decision.save and self.save_interval_s > 0
+                    and time.monotonic() - self._last_save >= self.save_interval_s)
+        wishes = torch.tensor([self.requested, int(save_due)], dtype=torch.int64)
+        self._in_flight = (dist.all_reduce(wishes, op=dist.ReduceOp.MAX, group=self._group, async_op=True),
+                           wishes)
+        return decision
+
+    def saved(self) -> None:
+        """A snapshot was taken (for whatever reason): the timer starts again."""
+        self._last_save = time.monotonic()
+
+    def _collect(self) -> Decision:
+        if self._in_flight is None:
+            return Decision()
+        work, wishes = self._in_flight
+        work.wait()
+        self._in_flight = None
+        stop, save = wishes.tolist()
+        return Decision(stop_signal=stop or None, save=bool(save))
+
+    def close(self) -> None:
+        """Finish the last exchange and give the signals back to their previous handlers."""
+        if self._in_flight is not None:
+            self._in_flight[0].wait()
+            self._in_flight = None
+        for number, handler in self._previous_handlers.items():
+            signal.signal(number, handler)
+        dist.destroy_process_group(self._group)

@@ -1,0 +1,54 @@
+"""control.py: signals and rank 0's snapshot timer, turned into decisions every rank reads alike."""
+import os
+import signal
+import time
+
+import pytest
+
+from control import Decision, StepAgreement, check_signal_names, signal_number
+from errors import ConfigError
+
+
+def test_signal_names_in_any_spelling():
+    assert signal_number("SIGTERM") == signal_number("term") == signal.SIGTERM
+    check_signal_names(["SIGUSR1", "TERM"], "trainer_config.stop_signals")
+    with pytest.raises(ConfigError, match="trainer_config.stop_signals: unknown signal 'SIGNOPE'"):
+        check_signal_names(["SIGNOPE"], "trainer_config.stop_signals")
+
+
+def test_a_signal_stops_the_run_one_step_later_and_a_second_changes_nothing(world_of_one):
+    before = signal.getsignal(signal.SIGUSR1)
+    agreement = StepAgreement(["SIGUSR1"], save_every_minutes=0, is_main=True)
+    try:
+        assert agreement.after_step() == Decision()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGUSR1)  # a second one, say while saving: still one request
+        assert agreement.after_step() == Decision()  # posted now, read after the next step
+        decision = agreement.after_step()
+        assert decision.stop_signal == signal.SIGUSR1 and decision.stop_signal_name == "SIGUSR1"
+    finally:
+        agreement.close()
+    assert signal.getsignal(signal.SIGUSR1) == before  # the previous handler is back
+
+
+def test_the_timer_asks_for_one_snapshot_per_interval(world_of_one):
+    agreement = StepAgreement([], save_every_minutes=0.05 / 60, is_main=True)  # 50 ms
+    try:
+        assert agreement.after_step() == Decision()  # the timer has not run out
+        time.sleep(0.06)
+        assert agreement.after_step() == Decision()  # it has: asked now, decided next step
+        assert agreement.after_step().save
+        agreement.saved()
+        assert agreement.after_step() == Decision()  # no second snapshot for the same interval
+        assert agreement.after_step() == Decision()
+    finally:
+        agreement.close()
+
+
+def test_only_rank_zero_keeps_the_time(world_of_one):
+    agreement = StepAgreement([], save_every_minutes=1e-6, is_main=False)
+    try:
+        time.sleep(0.01)
+        assert [agreement.after_step() for _ in range(3)] == [Decision()] * 3
+    finally:
+        agreement.close()
