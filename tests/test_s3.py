@@ -1,15 +1,33 @@
 """Snapshots on S3: a real S3 server (moto) on loopback, reached through s3fs and the standard
 AWS environment variables, exactly as a user would point the trainer at a bucket."""
 import io
+import json
 import os
+import signal
+import subprocess
+import sys
 
 import fsspec
 import pytest
 import torch
 
-from helpers import assert_ok, run_main, tiny_overrides
-from test_fault_tolerance import kill_mid_save
+from helpers import MINGPT, assert_ok, run_main, tiny_overrides
 from test_main import one_error_line
+
+PART = 5 * 2**20
+"""s3fs's smallest write block size (S3's smallest multipart part); s3fs's default is 50 MiB."""
+
+SAVE_PAST_ONE_PART = """
+import sys, time, torch
+sys.path.insert(0, {mingpt!r})
+import snapshot as s
+def one_part_then_hang(obj, f):
+    f.write(b"PK" + bytes({part}))  # past the block size: s3fs uploads a part before returning
+    print("part uploaded", flush=True)
+    time.sleep(600)
+torch.save = one_part_then_hang
+s.write_snapshot(s.Snapshot(step=2), {path!r})
+"""
 
 
 @pytest.fixture
@@ -56,13 +74,41 @@ def test_two_processes_keep_the_newest_step_snapshots_in_an_s3_folder(text_file,
     assert load_object(s3_fs, f"{s3.bucket}/folder/snapshot_000000170.pt")["finished_epoch"] == 2
 
 
-def test_an_upload_killed_half_way_keeps_the_previous_snapshot(s3, s3_fs):
+def bytes_in_flight(fs, bucket: str, prefix: str) -> list[int]:
+    """Bytes received so far by each unfinished multipart upload under prefix."""
+    uploads = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix).get("Uploads", [])
+    return [sum(part["Size"] for part in fs.call_s3("list_parts", Bucket=bucket, Key=upload["Key"],
+                                                    UploadId=upload["UploadId"]).get("Parts", []))
+            for upload in uploads]
+
+
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT], ids=["killed", "interrupted"])
+def test_an_upload_stopped_half_way_keeps_the_previous_snapshot(s3, s3_fs, stop):
+    """A save is stopped once its first part is on the server.
+
+    SIGKILL abandons the upload: S3 shows an object only once its upload completes, so this case
+    guards the old snapshot against being removed early. SIGINT (Ctrl-C) raises KeyboardInterrupt,
+    and leaving the `with` block closes the file, which completes the upload with what was written
+    so far: only the temporary name keeps that partial object off the snapshot's key."""
     from snapshot import Snapshot, read_snapshot, write_snapshot
 
-    url = f"s3://{s3.bucket}/killed/snap.pt"
+    prefix = f"stopped-{stop.name}/"
+    url = f"s3://{s3.bucket}/{prefix}snap.pt"
     write_snapshot(Snapshot(step=1), url)
     before = s3_fs.cat_file(url)
-    kill_mid_save(url, env={**os.environ, **s3.env()})
+    code = SAVE_PAST_ONE_PART.format(mingpt=str(MINGPT), part=PART, path=url)
+    env = {**os.environ, **s3.env(), "FSSPEC_S3": json.dumps({"default_block_size": PART})}
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert child.stdout.readline().strip() == "part uploaded"
+        (received,) = bytes_in_flight(s3_fs, s3.bucket, prefix)
+        assert received > PART  # the bytes really reached the server before the stop
+        child.send_signal(stop)
+        assert child.wait(timeout=60) != 0
+    finally:
+        child.kill()
+        child.wait()
+    s3_fs.invalidate_cache()
     assert s3_fs.cat_file(url) == before
     assert read_snapshot(url).step == 1
 
