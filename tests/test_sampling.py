@@ -115,16 +115,40 @@ def test_same_seed_same_tokens_other_seed_other_tokens():
     assert not torch.equal(run(7), run(8))
 
 
-def test_runs_in_eval_mode_without_gradients_and_restores_the_mode():
+def record_forwards(model: nn.Module) -> list[tuple[bool, bool, bool]]:
+    """At each forward: (grad mode on, logits require grad, model in training mode)."""
+    seen = []
+    model.register_forward_hook(lambda module, args, output: seen.append(
+        (torch.is_grad_enabled(), output[0].requires_grad, module.training)))
+    return seen
+
+
+def test_runs_in_eval_mode_without_building_a_graph_and_restores_the_mode():
     model = tiny_gpt(dropout=0.5).train()
+    seen = record_forwards(model)
     prompt = torch.tensor([[1, 2, 3]])
     first, second = (sample(model, prompt, 10, temperature=0) for _ in range(2))
+    assert seen == [(False, False, False)] * 20
     assert torch.equal(first, second), "dropout was active while sampling"
     assert model.training
-    assert not first.requires_grad
     model.eval()
     sample(model, prompt, 1)
     assert not model.training
+
+
+def test_mode_and_grad_mode_are_restored_when_the_model_fails_mid_sampling():
+    model = tiny_gpt().train()
+    seen = record_forwards(model)
+
+    def fail_on_third_call(module, args):
+        if len(seen) == 2:
+            raise RuntimeError("out of memory")
+
+    model.register_forward_pre_hook(fail_on_third_call)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        sample(model, torch.tensor([[1, 2, 3]]), 10)
+    assert seen == [(False, False, False)] * 2
+    assert model.training and torch.is_grad_enabled()
 
 
 def test_zero_new_tokens_returns_the_prompt():
