@@ -2,10 +2,12 @@
 
 Runs share one schedule: a tiny model, 2 epochs of about 90 steps, a snapshot after each epoch.
 """
+import json
 import shutil
 import sys
 
 import pytest
+import torch
 
 from helpers import REPO, TORCHRUN, assert_ok, run, run_main, run_probe, tiny_overrides
 from metrics import default_metrics_path, read_metrics
@@ -27,7 +29,9 @@ def test_fsdp_rank_holds_its_share_of_the_parameters(fsdp_probe):
 
 
 def test_fsdp_eval_and_snapshot_follow_ddp_rules(fsdp_probe):
-    assert not any(fsdp_probe[0]["eval_modes"] + fsdp_probe[1]["eval_modes"])
+    modes = fsdp_probe[0]["eval_modes"] + fsdp_probe[1]["eval_modes"]
+    assert fsdp_probe[0]["eval_modes"] and fsdp_probe[1]["eval_modes"], "the eval pass's forward hook never ran"
+    assert not any(modes)
     assert [p["wrote_snapshot"] for p in fsdp_probe] == [True, False]
 
 
@@ -121,3 +125,44 @@ def test_fsdp_fp16_trains_with_the_sharded_grad_scaler_and_ddp_resumes_it(tmp_pa
     scaler, first_resumed, _, _ = fp16_run([sys.executable], "ddp", tmp_path)
     assert scaler == "GradScaler"
     assert first_resumed < first - 1.0  # it continued from the FSDP run's weights
+
+
+@pytest.fixture(scope="module")
+def grad_sync(tmp_path_factory):
+    """tests/grad_sync_probe.py on 2 ranks: one step of 32 samples per rank, whole and as 2 x 16."""
+    out = tmp_path_factory.mktemp("grad_sync")
+    assert_ok(run([*TORCHRUN, "--standalone", "--nproc_per_node=2", REPO / "tests" / "grad_sync_probe.py", out]))
+    return out
+
+
+@pytest.mark.parametrize("method", ["ddp", "fsdp"])
+def test_accumulation_synchronises_gradients_on_the_last_micro_batch_only(grad_sync, method):
+    for rank in range(2):
+        syncs = json.loads((grad_sync / f"syncs_rank{rank}.json").read_text())[method]
+        whole, = syncs["1"]  # collectives of the one backward pass of a step without accumulation
+        assert whole > 0
+        assert syncs["2"] == [0, whole], "the first micro-batch communicated, or the last did not"
+
+
+def relative_difference(tensor, expected) -> float:
+    """Largest difference over expected's largest element (an elementwise one fails on zeros)."""
+    return ((tensor - expected).abs().max() / expected.abs().max()).item()
+
+
+@pytest.mark.parametrize("method", ["ddp", "fsdp"])
+def test_accumulated_micro_batches_equal_one_large_batch(grad_sync, method):
+    """After one AdamW step, exp_avg is 0.1 x the synchronised gradient: the gradients match to
+    float rounding. The weights moved by about the learning rate (3e-3) each, by Adam's g / |g|;
+    where a gradient is as small as Adam's eps (1e-8), rounding moves that a little (up to 3e-6)."""
+    whole, split = (torch.load(grad_sync / f"{method}_accum{n}.pt", weights_only=True) for n in (1, 2))
+    assert whole["model"].keys() == split["model"].keys()
+    for name, weight in whole["model"].items():
+        off = (split["model"][name] - weight).abs().max().item()
+        assert off <= 1e-5, f"{name}: off by {off:.2g}"
+    moments = whole["optimizer"]["state"]
+    assert moments.keys() == split["optimizer"]["state"].keys()
+    for name, state in moments.items():
+        assert state["exp_avg"].abs().max() > 0, f"{name}: the step saw no gradient"
+        for moment in ("exp_avg", "exp_avg_sq"):
+            off = relative_difference(split["optimizer"]["state"][name][moment], state[moment])
+            assert off <= 1e-5, f"{name} {moment}: off by {off:.2g} of its largest element"

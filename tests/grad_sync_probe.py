@@ -1,0 +1,96 @@
+"""Run by test_parallel.py under torchrun: does gradient accumulation communicate only once a step?
+
+    torchrun --standalone --nproc_per_node=2 tests/grad_sync_probe.py OUT_DIR
+
+For ddp and then fsdp, one optimizer step of Trainer.train_step over a batch of 32 samples per
+rank, taken whole (grad_accum_steps=1) and as 2 micro-batches of 16 (grad_accum_steps=2), from the
+same initial weights, without dropout. Each backward pass counts the gradient collectives it
+issued: DDP's all-reduces through a comm hook, FSDP's reduce-scatters (and any all-reduce) by
+counting calls of torch.distributed's functions. Writes OUT_DIR/syncs_rank{N}.json (per method and
+accumulation: the collectives of each micro-batch's backward pass) and, from rank 0,
+OUT_DIR/{method}_accum{n}.pt (the full model and optimizer state after the step).
+"""
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "mingpt"))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: E402
+
+import trainer as trainer_module  # noqa: E402
+from char_dataset import CharDataset  # noqa: E402
+from model import GPT, GPTConfig, OptimizerConfig  # noqa: E402
+from parallel import gather_full_state  # noqa: E402
+from process_group import distributed_session  # noqa: E402
+from trainer import Trainer, TrainerConfig  # noqa: E402
+
+BATCH = 32
+REDUCING = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single")
+
+
+class CollectiveCount:
+    """Gradient collectives issued so far on this rank."""
+
+    def __init__(self):
+        self.count = 0
+
+    def ddp_hook(self, state, bucket):
+        self.count += 1
+        return default_hooks.allreduce_hook(None, bucket)
+
+    def patch_torch_distributed(self) -> None:
+        """FSDP calls torch.distributed's functions through the module: count every reducing one."""
+        for name in REDUCING:
+            if hasattr(dist, name):
+                setattr(dist, name, self._counting(getattr(dist, name)))
+
+    def _counting(self, function):
+        def counted(*args, **kwargs):
+            self.count += 1
+            return function(*args, **kwargs)
+        return counted
+
+
+def one_step(method: str, accum: int, dataset: CharDataset, inputs, targets, env, counter) -> list[int]:
+    """One train_step; returns the collectives each micro-batch's backward pass issued."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=dataset.vocab_size, block_size=16,
+                          embd_pdrop=0.0, resid_pdrop=0.0, attn_pdrop=0.0))
+    config = TrainerConfig(batch_size=BATCH // accum, grad_accum_steps=accum, data_loader_workers=0,
+                           use_amp=False, distributed_method=method,
+                           snapshot_path=f"memory://grad_sync/{method}{accum}/")
+    trainer = Trainer(config, model, OptimizerConfig(learning_rate=3e-3), dataset, None, dataset.vocab, env)
+    if method == "ddp":
+        trainer.model.register_comm_hook(None, counter.ddp_hook)
+    per_backward = []
+    backward = trainer.backward
+
+    def counted_backward(loss):
+        before = counter.count
+        backward(loss)
+        per_backward.append(counter.count - before)
+
+    trainer.backward = counted_backward
+    trainer.train_step(inputs, targets)
+    model_state, optimizer_state = gather_full_state(trainer.model, trainer.optimizer)
+    if env.is_main:
+        torch.save({"model": model_state, "optimizer": optimizer_state}, out_dir / f"{method}_accum{accum}.pt")
+    return per_backward
+
+
+if __name__ == "__main__":
+    out_dir = Path(sys.argv[1])
+    trainer_module.peak_flops = lambda device, dtype: None  # no MFU here: skip timing matmuls (2 s)
+    counter = CollectiveCount()
+    counter.patch_torch_distributed()
+    with distributed_session() as env:
+        dataset = CharDataset("".join(chr(97 + (i * 31) % 20) for i in range(2000)), 16)
+        ids = torch.randint(dataset.vocab_size, (BATCH, 17), generator=torch.Generator().manual_seed(env.rank))
+        inputs, targets = ids[:, :-1], ids[:, 1:]  # each rank its own batch
+        syncs = {method: {accum: one_step(method, accum, dataset, inputs, targets, env, counter)
+                          for accum in (1, 2)}
+                 for method in ("ddp", "fsdp")}
+        (out_dir / f"syncs_rank{env.rank}.json").write_text(json.dumps(syncs))
