@@ -8,9 +8,21 @@ from helpers import MINGPT, run, tiny_overrides
 from test_distributed import check_two_rank_run
 
 
-def test_worker_count_defaults_to_gpus_or_two_cpu_workers():
-    assert launch.worker_count(3) == 3
-    assert launch.worker_count(None) == (torch.cuda.device_count() or 2)
+@pytest.mark.parametrize("gpus, flags, workers", [
+    (0, [], 2),  # no GPU: two CPU workers
+    (4, [], 4),  # one worker per GPU
+    (0, ["--nproc", "3"], 3),
+    (4, ["--nproc", "1"], 1),
+])
+def test_workers_started_are_one_per_gpu_or_two_without_gpus(monkeypatch, gpus, flags, workers):
+    launched = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(launch, "run", launched.append)  # torch's elastic launcher, not started here
+    assert launch.main([*flags, "trainer_config.max_epochs=1"]) == 0
+    (args,) = launched
+    assert int(args.nproc_per_node) == workers and args.standalone
+    assert (args.training_script, args.training_script_args) == (str(MINGPT / "main.py"),
+                                                                 ["trainer_config.max_epochs=1"])
 
 
 def test_launch_starts_cpu_workers_through_the_elastic_launcher(text_file, tmp_path):
