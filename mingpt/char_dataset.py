@@ -1,7 +1,9 @@
-"""Character-level text data: read once through fsspec, encode once, serve slices.
+"""Character-level text data: a token file made once per machine, memory-mapped by every rank.
 
 Every position of the text starts a sample (the original's choice): sample i is
-x = text[i : i + block_size], y = text[i + 1 : i + block_size + 1].
+x = text[i : i + block_size], y = text[i + 1 : i + block_size + 1]. The text is encoded once, in a
+streaming pass, into a token file (prepare_data.py) that every process of a machine maps, so memory
+does not grow with the corpus and ranks share one copy through the page cache.
 """
 import os
 import shutil
@@ -10,11 +12,15 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-import fsspec
+from typing import Optional
+
+import numpy as np
 import torch
-from torch.utils.data import Dataset, Subset, random_split
+from torch.utils.data import Dataset
 
 from errors import DataError, check, check_positive
+from permutation import Permutation
+from prepare_data import TokenFile, encode_text, open_token_file, prepare, token_file_for
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CORPUS = REPO_ROOT / "data" / "input.txt"
@@ -35,6 +41,9 @@ class DataConfig:
     """Share of the samples (random) or of the text (contiguous) used for training."""
     truncate: float = 1.0
     """Keep only this leading share of the text."""
+    cache_dir: Optional[str] = None
+    """Where token files are kept for texts behind fsspec URLs (s3://...) or in read-only folders
+    (a local text's own folder otherwise); default $MINGPT_CACHE_DIR or ~/.cache/mingpt-ddp."""
     split: str = "random"
     """'random': the original's split of overlapping windows (test windows share characters with
     training windows, so the test loss is not held out). 'contiguous': the first train_split of
@@ -51,26 +60,63 @@ class DataConfig:
 
 
 class CharDataset(Dataset):
-    """The text as one tensor of token ids; a sample is a pair of slices of it."""
+    """The text as token ids (a memory-mapped token file, or an array for a text in memory).
+
+    Sample i is the window starting at character i; `dataset[starts]` with a tensor of starts gives
+    a whole batch at once, gathered from the ids in one indexing operation.
+    """
 
     def __init__(self, text: str, block_size: int):
-        codepoints = torch.frombuffer(bytearray(text.encode("utf-32-le")), dtype=torch.int32)
-        vocab_codepoints = torch.unique(codepoints)  # sorted, like sorted(set(text))
-        self.vocab: list[str] = [chr(c) for c in vocab_codepoints.tolist()]
-        self.stoi = {ch: i for i, ch in enumerate(self.vocab)}
+        """A text already in memory (tests, benchmarks): encoded as a token file would be."""
+        ids, vocab = encode_text(text)
+        self._setup(ids, vocab, block_size, whole_text=True)
+
+    @classmethod
+    def from_token_file(cls, tokens: TokenFile, block_size: int, truncate: float = 1.0) -> "CharDataset":
+        """The leading `truncate` share of a prepared token file, with the vocabulary of that share."""
+        dataset = cls.__new__(cls)
+        length = int(tokens.n_tokens * truncate)
+        dataset._setup(tokens.ids[:length], tokens.vocab, block_size, whole_text=length == tokens.n_tokens)
+        return dataset
+
+    def _setup(self, ids: np.ndarray, vocab: list[str], block_size: int, whole_text: bool) -> None:
         self.block_size = block_size
-        self.data = torch.searchsorted(vocab_codepoints, codepoints).long()
+        self.ids = ids
+        self._id_map: Optional[np.ndarray] = None
+        if not whole_text:
+            # A truncated text may lack some of the whole text's characters. Its vocabulary is its
+            # own (the original's: the characters it trains on), reached through a small table.
+            present = np.flatnonzero(np.bincount(ids, minlength=len(vocab)))
+            if len(present) < len(vocab):
+                self._id_map = np.full(len(vocab), -1, dtype=np.int64)
+                self._id_map[present] = np.arange(len(present))
+                vocab = [vocab[i] for i in present]
+        self.vocab: list[str] = vocab
+        self.stoi = {ch: i for i, ch in enumerate(vocab)}
 
     @property
     def vocab_size(self) -> int:
         return len(self.vocab)
 
-    def __len__(self) -> int:
-        return max(len(self.data) - self.block_size, 0)
+    @property
+    def num_chars(self) -> int:
+        return len(self.ids)
 
-    def __getitem__(self, idx: int) -> tuple[torch.Tensor, torch.Tensor]:
-        chunk = self.data[idx : idx + self.block_size + 1]
-        return chunk[:-1], chunk[1:]
+    def __len__(self) -> int:
+        return max(len(self.ids) - self.block_size, 0)
+
+    def __getitem__(self, starts) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, y for the window at each start (an int gives one sample, a tensor a batch)."""
+        starts = np.asarray(starts, dtype=np.int64)
+        if starts.size and (starts.min() < 0 or starts.max() >= len(self)):
+            raise IndexError(f"sample index outside 0..{len(self) - 1}")
+        window = self.token_ids(starts[..., None] + np.arange(self.block_size + 1))
+        return window[..., :-1], window[..., 1:]
+
+    def token_ids(self, positions) -> torch.Tensor:
+        """Token ids (int64) of the text at these character positions."""
+        ids = self.ids[positions]
+        return torch.from_numpy((self._id_map[ids] if self._id_map is not None else ids).astype(np.int64))
 
     def encode(self, text: str) -> torch.Tensor:
         return torch.tensor([self.stoi[ch] for ch in text], dtype=torch.long)
@@ -79,42 +125,65 @@ class CharDataset(Dataset):
         return "".join(self.vocab[i] for i in ids.tolist())
 
 
-def read_text(config: DataConfig) -> str:
-    """The configured text, truncated; a DataError says what to fix when it is unusable."""
-    try:
-        with fsspec.open(config.path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        raise DataError(f"data_config.path: no such file {config.path}; "
-                        "point data_config.path at a UTF-8 text file") from None
-    except OSError as e:
-        raise DataError(f"data_config.path: cannot read {config.path} ({e})") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"data_config.path: {config.path} is not UTF-8 text "
-                        f"({e.reason} at byte {e.start})") from None
-    text = text[: int(len(text) * config.truncate)]
-    if len(text) <= config.block_size:
+class Split(Dataset):
+    """A share of a dataset's samples. Sample i of the split is window `start(i)` of the text: an
+    offset for the contiguous split, a position of a seeded permutation for the random one. No
+    list of indices is ever built."""
+
+    def __init__(self, dataset: CharDataset, first: int, length: int, order: Optional[Permutation] = None):
+        self.dataset = dataset
+        self.first = first
+        self.length = length
+        self.order = order
+
+    def __len__(self) -> int:
+        return self.length
+
+    def starts(self, indices) -> torch.Tensor:
+        """The dataset's sample (window start) for each of the split's indices."""
+        positions = torch.as_tensor(indices, dtype=torch.int64) + self.first
+        return self.order(positions) if self.order is not None else positions
+
+    def __getitem__(self, indices) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.dataset[self.starts(indices).numpy()]
+
+
+def open_corpus(config: DataConfig) -> CharDataset:
+    """The configured text's token file, memory-mapped (prepare_corpus has made it on this machine)."""
+    tokens = open_token_file(token_file_for(config.path, config.cache_dir))
+    dataset = CharDataset.from_token_file(tokens, config.block_size, config.truncate)
+    if len(dataset) == 0:
         raise DataError(
             f"data_config.block_size={config.block_size} is not smaller than the text "
-            f"({len(text)} characters after truncate={config.truncate}); "
+            f"({dataset.num_chars} characters after truncate={config.truncate}); "
             "lower data_config.block_size or raise data_config.truncate"
         )
-    return text
+    return dataset
 
 
-def split_dataset(dataset: CharDataset, config: DataConfig, seed: int) -> tuple[Subset, Subset]:
-    """Train and test subsets, identical on every rank for the same seed."""
+def prepare_corpus(config: DataConfig) -> None:
+    """Fetch the default corpus if it is missing, then make (or check) the text's token file.
+
+    Call it on one process per machine and make the others wait: the token file is shared by every
+    process of the machine through the page cache.
+    """
+    ensure_default_corpus(config.path)
+    prepare(config.path, config.cache_dir)
+
+
+def split_dataset(dataset: CharDataset, config: DataConfig, seed: int) -> tuple[Split, Split]:
+    """Train and test splits, identical on every rank for the same seed."""
     if config.split == "random":
+        # The original's random_split: a seeded permutation of all samples, cut at train_split.
         train_len = int(len(dataset) * config.train_split)
-        generator = torch.Generator().manual_seed(seed)
-        train, test = random_split(dataset, [train_len, len(dataset) - train_len], generator=generator)
+        order = Permutation(len(dataset), seed)
+        train = Split(dataset, 0, train_len, order)
+        test = Split(dataset, train_len, len(dataset) - train_len, order)
     else:
         # Cut the text, not the windows: no character is seen by both sides.
-        cut = int(len(dataset.data) * config.train_split)
-        train = Subset(dataset, range(0, max(cut - dataset.block_size, 0)))
-        test = Subset(dataset, range(cut, len(dataset)))
+        cut = int(dataset.num_chars * config.train_split)
+        train = Split(dataset, 0, max(cut - dataset.block_size, 0))
+        test = Split(dataset, cut, max(len(dataset) - cut, 0))
     if len(train) == 0 or len(test) == 0:
         raise DataError(
             f"data_config.train_split={config.train_split} leaves {len(train)} train and {len(test)} "

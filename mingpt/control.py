@@ -42,6 +42,11 @@ def check_signal_names(names: list[str], key: str) -> None:
             check(False, key, f"unknown signal {name!r}; use names such as SIGTERM or SIGUSR1")
 
 
+class RunStopped(Exception):
+    """Raised on every rank, at the same step, once a stop signal's snapshot is written; main.py
+    then exits with STOP_EXIT_STATUS."""
+
+
 @dataclass(frozen=True)
 class Decision:
     """What every rank does after this step."""

@@ -1,50 +1,91 @@
-"""Batches for each rank: a DistributedSampler per split that can resume part-way through an epoch."""
+"""Batches for each rank, in one global order per epoch that does not depend on the world size.
+
+An epoch is a seeded permutation of the split's samples (permutation.py: computed as it is read,
+so memory does not grow with the corpus). Its positions are dealt out as DistributedSampler deals
+them: rank r of W takes positions r, r + W, r + 2W, ... So every optimizer step consumes one
+contiguous stretch of the global order, batch x W positions long, and "how far the epoch has got"
+is one number, the global position, whatever the world size. A run resumed at another world size
+starts from that position and every sample of the epoch is still trained exactly once.
+
+As DistributedSampler does, the last round is filled up to a multiple of the world size with
+positions from the start of the epoch's order, so that every rank takes the same number of batches;
+up to world_size - 1 samples are seen twice in an epoch.
+"""
 import os
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
+from permutation import Permutation
 from process_group import DistEnv
 
+EPOCH_SEED_STRIDE = 1_000_003
+"""Spaces the epochs' permutation seeds apart (a prime, so that (seed, epoch) pairs rarely meet)."""
 
-class ResumableDistributedSampler(DistributedSampler):
-    """DistributedSampler whose next pass can skip the samples a resumed run already trained on."""
 
-    def __init__(self, dataset: Dataset, env: DistEnv, shuffle: bool, seed: int):
-        super().__init__(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=shuffle, seed=seed)
-        self._skip = 0
+class GlobalOrderSampler(Sampler[torch.Tensor]):
+    """This rank's batches (tensors of split indices) of one pass, from a global position on.
 
-    def skip_next(self, samples: int) -> None:
-        """Start the next pass (only) after this many of this rank's samples."""
-        self._skip = samples
+    shuffle=False keeps the split's own order (evaluation). `limit` caps a pass at its first limit
+    positions: a fixed subset of the split (eval_batches).
+    """
 
-    def __iter__(self) -> Iterator[int]:
-        indices = list(super().__iter__())[self._skip:]
-        self._skip = 0
-        return iter(indices)
+    def __init__(self, num_samples: int, batch_size: int, env: DistEnv, shuffle: bool, seed: int,
+                 limit: Optional[int] = None):
+        self.num_samples = num_samples
+        self.batch_size = batch_size
+        self.rank, self.world_size = env.rank, env.world_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.pass_length = min(num_samples, limit) if limit else num_samples
+        self.epoch = 0
+        self.start = 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """The next pass is of this epoch's order, from global position `start` on."""
+        self.epoch, self.start = epoch, start
+
+    def positions_per_rank(self, start: int) -> int:
+        """Positions each rank takes from `start` to the end of the pass (the last round filled)."""
+        return -(-(self.pass_length - start) // self.world_size)
+
+    def batches(self, start: int = 0) -> int:
+        """Batches each rank takes in a pass from global position `start` on."""
+        return -(-self.positions_per_rank(start) // self.batch_size)
 
     def __len__(self) -> int:
-        return self.num_samples - self._skip
+        return self.batches(self.start)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        order = Permutation(self.num_samples, self.seed + EPOCH_SEED_STRIDE * self.epoch) if self.shuffle else None
+        mine = self.start + self.rank + self.world_size * torch.arange(self.positions_per_rank(self.start))
+        mine = mine % self.pass_length  # the filled-up last round wraps to the pass's start
+        for batch in mine.split(self.batch_size):
+            yield order(batch) if order is not None else batch
 
 
 def usable_workers(requested: int, env: DistEnv) -> int:
     """Workers beyond the CPU cores a rank can call its own only compete with training for them.
 
-    A sample is two slices of one tensor, so even one worker keeps far ahead of the model.
+    A batch is one gather from the memory-mapped token ids, so even one worker keeps far ahead.
     """
     cores_per_rank = (os.cpu_count() or 1) // env.local_world_size
     return min(requested, max(cores_per_rank - 1, 0))
 
 
-def make_dataloader(dataset: Dataset, batch_size: int, workers: int, env: DistEnv,
-                    shuffle: bool, seed: int) -> DataLoader:
-    """Batches of this rank's share; `workers` is capped at the cores the rank can spare."""
+def make_dataloader(dataset: Dataset, batch_size: int, workers: int, env: DistEnv, shuffle: bool,
+                    seed: int, limit: Optional[int] = None) -> DataLoader:
+    """Batches of this rank's share; `workers` is capped at the cores the rank can spare.
+
+    The sampler hands out whole batches of indices and the dataset gathers each batch in one go
+    (batch_size=None: no per-sample calls, no collation).
+    """
     workers = usable_workers(workers, env)
     return DataLoader(
         dataset,
-        batch_size=batch_size,
-        sampler=ResumableDistributedSampler(dataset, env, shuffle=shuffle, seed=seed),
+        batch_size=None,
+        sampler=GlobalOrderSampler(len(dataset), batch_size, env, shuffle=shuffle, seed=seed, limit=limit),
         num_workers=workers,
         persistent_workers=workers > 0,  # forking new workers every epoch costs seconds
         pin_memory=env.device.type == "cuda",

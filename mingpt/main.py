@@ -18,7 +18,8 @@ import torch.distributed as dist
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from char_dataset import REPO_ROOT, CharDataset, DataConfig, ensure_default_corpus, read_text, split_dataset
+from char_dataset import REPO_ROOT, CharDataset, DataConfig, open_corpus, prepare_corpus, split_dataset
+from control import STOP_EXIT_STATUS, RunStopped
 from errors import MinGPTError, check
 from logger import configure_logging, log
 from model import GPT, GPTConfig, OptimizerConfig
@@ -51,12 +52,13 @@ OmegaConf.register_new_resolver("repo_path", lambda relative: str(REPO_ROOT / re
 
 
 def load_dataset(config: DataConfig, env: DistEnv) -> CharDataset:
-    """One process per machine fetches the default corpus if it is missing; the others wait."""
+    """One process per machine fetches the default corpus if it is missing and makes its token
+    file; the others wait, then every process maps that file."""
     if env.is_local_main:
-        ensure_default_corpus(config.path)
+        prepare_corpus(config)
     barrier()
-    dataset = CharDataset(read_text(config), config.block_size)
-    log.info(f"Data has {len(dataset.data)} characters, {dataset.vocab_size} unique.")
+    dataset = open_corpus(config)
+    log.info(f"Data has {dataset.num_chars} characters, {dataset.vocab_size} unique.")
     return dataset
 
 
@@ -96,7 +98,7 @@ def startup_summary(config: TrainConfig, env: DistEnv, dataset: CharDataset, tra
         f"Batch: {tc.batch_size} per process x {tc.grad_accum_steps} accumulation, "
         f"{tokens_per_step:,} tokens per step, {trainer.steps_per_epoch} steps per epoch, "
         f"{tc.max_epochs} epochs, {trainer.train_loader.num_workers} data worker(s) per process",
-        f"Data: {data.path}, {len(dataset.data):,} characters, vocabulary of {dataset.vocab_size}; "
+        f"Data: {data.path}, {dataset.num_chars:,} characters, vocabulary of {dataset.vocab_size}; "
         f"{len(train_set):,} train and {len(test_set):,} test samples ({data.split} split)",
         f"Snapshots: {tc.snapshot_path} every {tc.save_every} epoch(s)"
         f"{f' and {tc.save_every_steps} steps' if tc.save_every_steps else ''}; {resume}",
@@ -121,6 +123,8 @@ def report_error(error: MinGPTError) -> None:
 def main(cfg: DictConfig) -> None:
     try:
         train(OmegaConf.to_object(cfg))
+    except RunStopped:
+        sys.exit(STOP_EXIT_STATUS)  # the snapshot is written; the trainer has said so
     except MinGPTError as error:
         report_error(error)
         sys.exit(1)

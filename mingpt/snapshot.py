@@ -37,17 +37,21 @@ _FOLDER_ENTRY = re.compile(r"snapshot_(\d+)\.pt$")
 
 @dataclass
 class Progress:
-    """Where training stands. Batch counts refer to the world size that trained them."""
+    """Where training stands."""
 
     finished_epoch: int = 0
     """The last epoch trained to its end."""
     epoch_step: int = 0
-    """Batches of the next epoch already trained (0 at an epoch boundary)."""
+    """Optimizer steps of the next epoch already taken (0 at an epoch boundary)."""
+    epoch_samples: int = 0
+    """Positions of the next epoch's global sample order already trained, over all ranks: where a
+    resumed run continues, at any world size (data_loader.py)."""
     step: int = 0
     """Optimizer steps so far."""
     tokens: int = 0
     """Training tokens seen so far, over all ranks."""
     world_size: int = 1
+    """Ranks that trained up to here: RNG states are per rank, so they resume at the same count."""
 
 
 @dataclass

@@ -2,17 +2,25 @@
 
 The model arrives unwrapped; the Trainer puts it on this rank's device, wraps it for the configured
 distributed method, and only then builds the optimizer (built earlier, FSDP would never update the
-sharded parameters). Snapshots can also be taken every `save_every_steps` steps; a run resumed from
-any snapshot continues with the next unseen batch and replays the unbroken run exactly.
+sharded parameters).
+
+Beyond the original: a step budget (`max_steps`) and evaluation every `eval_every_steps` steps on
+a fixed subset (`eval_batches`), for corpora whose epochs are too long to count in; snapshots also
+every `save_every_steps` steps or `save_every_minutes` minutes; and a stop signal (SIGTERM, SIGUSR1:
+preemption, a time limit) ends the run cleanly with a snapshot, at the same step on every rank
+(control.py). A run resumed from any snapshot continues with the next unseen sample of the epoch's
+global order: at the same world size it replays the unbroken run exactly (the same dropout masks
+too); at another world size every sample of the epoch is still trained once.
 """
 import contextlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 import torch
 import torch.nn as nn
 from torch.utils.data import Dataset
 
+from control import RunStopped, StepAgreement, check_signal_names
 from data_loader import make_dataloader
 from errors import check, check_positive
 from flops import peak_flops
@@ -45,6 +53,9 @@ MAX_RANKS = 100_000  # spaces per-epoch seeds apart, so no two (epoch, rank) pai
 @dataclass
 class TrainerConfig:
     max_epochs: int = 10
+    max_steps: int = 0
+    """Stop after this many optimizer steps, across epochs, instead of after max_epochs (0: off).
+    The learning-rate schedule's horizon follows it."""
     batch_size: int = 216
     """Samples per micro-batch on each process (global batch: batch_size x grad_accum_steps x world)."""
     grad_accum_steps: int = 1
@@ -60,6 +71,12 @@ class TrainerConfig:
     """Write a snapshot after every this many epochs."""
     save_every_steps: int = 0
     """Also write one every this many optimizer steps (0: only at epochs)."""
+    save_every_minutes: float = 0.0
+    """Also write one when this many minutes have passed since the last (0: off); rank 0's clock
+    decides, for every rank at the same step."""
+    stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    """Signals that stop the run cleanly: every rank finishes its step, a snapshot is written and
+    the process exits with status 75 (control.STOP_EXIT_STATUS)."""
     keep_last: int = 3
     """Snapshot folders only: how many of the newest snapshots to keep."""
     snapshot_format: str = "single"
@@ -77,6 +94,11 @@ class TrainerConfig:
     """Seeds model init, the train/test split, shuffling, and dropout (per rank and epoch)."""
     log_every: int = 100
     """Log the loss every this many iterations."""
+    eval_every_steps: int = 0
+    """Evaluate every this many optimizer steps instead of at the end of each epoch (0: at epochs)."""
+    eval_batches: int = 0
+    """Evaluate on this many batches per rank: a fixed seeded subset of the test split, the same at
+    every evaluation (0: the whole test split)."""
     metrics_path: Optional[str] = None
     """JSON-lines metrics file (any fsspec path); default: beside the snapshot."""
     tensorboard_dir: Optional[str] = None
@@ -91,7 +113,8 @@ class TrainerConfig:
         check_positive(self, "trainer_config", "max_epochs", "batch_size", "grad_accum_steps", "save_every",
                        "grad_norm_clip", "log_every", "keep_last", "progress_interval_s",
                        "process_group_timeout_s")
-        for key in ("data_loader_workers", "save_every_steps"):
+        for key in ("data_loader_workers", "save_every_steps", "save_every_minutes", "max_steps",
+                    "eval_every_steps", "eval_batches"):
             value = getattr(self, key)
             check(value >= 0, f"trainer_config.{key}", f"must not be negative, got {value}")
         check(bool(self.snapshot_path), "trainer_config.snapshot_path", "must not be empty")
@@ -105,6 +128,7 @@ class TrainerConfig:
               "offloads FSDP shards; set trainer_config.distributed_method=fsdp or cpu_offload=False")
         check(self.amp_dtype in AMP_DTYPES, "trainer_config.amp_dtype",
               f"must be one of {', '.join(AMP_DTYPES)}, got {self.amp_dtype!r}")
+        check_signal_names(self.stop_signals, "trainer_config.stop_signals")
 
 
 def open_snapshot_store(config: TrainerConfig):
@@ -156,8 +180,9 @@ class Trainer:
         fsdp_casts = computes_in_precision(self.model)
         self.autocast = contextlib.nullcontext if fsdp_casts else self.precision.autocast
         # A training batch holds a whole optimizer step: grad_accum_steps micro-batches.
-        self.train_loader = self._dataloader(train_dataset, config.batch_size * config.grad_accum_steps, True)
-        self.test_loader = self._dataloader(test_dataset, config.batch_size, False) if test_dataset else None
+        self.train_loader = self._dataloader(train_dataset, config.batch_size * config.grad_accum_steps,
+                                             shuffle=True)
+        self.test_loader = self._test_loader(test_dataset) if test_dataset else None
         self.snapshots = open_snapshot_store(config)
         metrics_path = config.metrics_path or default_metrics_path(config.snapshot_path)
         if env.is_main:
@@ -166,10 +191,13 @@ class Trainer:
         self.metrics = MetricsLog(metrics_path, active=env.is_main, tensorboard_dir=config.tensorboard_dir)
         self.progress = Progress(world_size=env.world_size)
         self._rng_to_restore: Optional[dict] = None
+        self.agreement: Optional[StepAgreement] = None
+        """Stop signals and the snapshot timer, while train() runs."""
         self._resume()
+        self._last_saved_step = self.progress.step if self.progress.step else -1
         self.metrics.start(resumed_step=self.progress.step)
         self.steps_per_epoch = len(self.train_loader)
-        self.total_steps = config.max_epochs * self.steps_per_epoch
+        self.total_steps = self._planned_steps()
         self.monitor = TrainingMonitor(
             flops_per_token=unwrap(self.model).flops_per_token(),
             peak_flops=peak_flops(env.device, self.precision.matmul_dtype) if env.is_main else None,
@@ -181,18 +209,60 @@ class Trainer:
         )
 
     def train(self) -> None:
-        for epoch in range(self.progress.finished_epoch + 1, self.config.max_epochs + 1):
-            self._train_epoch(epoch)
-            if epoch % self.config.save_every == 0:
-                self._save_snapshot(f"epoch {epoch}")
-            if self.test_loader is not None:
-                self.evaluate(epoch)
+        """Epochs until the budget (max_epochs, or max_steps) is spent; raises RunStopped when a
+        stop signal ended the run early (after its snapshot)."""
+        with self._step_agreement() as self.agreement:
+            while not self._budget_spent():
+                epoch = self.progress.finished_epoch + 1
+                self._train_epoch(epoch)
+                if self.progress.finished_epoch == epoch:
+                    self._end_epoch(epoch)
+            if self.config.max_steps and self._last_saved_step != self.progress.step:
+                self._save_snapshot(f"step {self.progress.step} (the last)")
         clear_status()
         self.metrics.close()
 
-    def _dataloader(self, dataset: Dataset, batch_size: int, shuffle: bool):
+    def _end_epoch(self, epoch: int) -> None:
+        if epoch % self.config.save_every == 0:
+            self._save_snapshot(f"epoch {epoch}")
+        if self.test_loader is not None and not self.config.eval_every_steps:
+            self.evaluate(epoch)
+
+    def _budget_spent(self) -> bool:
+        if self.config.max_steps:
+            return self.progress.step >= self.config.max_steps
+        return self.progress.finished_epoch >= self.config.max_epochs
+
+    def _planned_steps(self) -> int:
+        """The run's length in optimizer steps: the LR schedule's horizon and the ETA's.
+
+        From the current position at the current world size, so that a run resumed at another one
+        still ends its schedule on its last step."""
+        if self.config.max_steps:
+            return self.config.max_steps
+        in_epoch = self.progress.finished_epoch < self.config.max_epochs
+        rest_of_epoch = self.train_loader.sampler.batches(start=self.progress.epoch_samples) if in_epoch else 0
+        later_epochs = max(self.config.max_epochs - self.progress.finished_epoch - 1, 0)
+        return self.progress.step + rest_of_epoch + later_epochs * self.steps_per_epoch
+
+    @contextlib.contextmanager
+    def _step_agreement(self):
+        agreement = StepAgreement(self.config.stop_signals, self.config.save_every_minutes, self.env.is_main)
+        try:
+            yield agreement
+        finally:
+            agreement.close()
+
+    def _dataloader(self, dataset: Dataset, batch_size: int, shuffle: bool, limit: Optional[int] = None):
         return make_dataloader(dataset, batch_size, self.config.data_loader_workers,
-                               self.env, shuffle=shuffle, seed=self.config.seed)
+                               self.env, shuffle=shuffle, seed=self.config.seed, limit=limit)
+
+    def _test_loader(self, dataset: Dataset):
+        """The whole test split in order, or a fixed seeded subset of eval_batches batches per rank."""
+        if not self.config.eval_batches:
+            return self._dataloader(dataset, self.config.batch_size, shuffle=False)
+        limit = self.config.eval_batches * self.config.batch_size * self.env.world_size
+        return self._dataloader(dataset, self.config.batch_size, shuffle=True, limit=limit)
 
     def _to_device(self, batch: list[torch.Tensor]) -> list[torch.Tensor]:
         return [t.to(self.env.device, non_blocking=True) for t in batch]
@@ -204,27 +274,25 @@ class Trainer:
             self.metrics.flush()
 
     def _start_epoch(self, epoch: int) -> int:
-        """Set up the sampler and RNG for epoch; return the batch it starts at (0 unless resuming)."""
-        first_batch = self.progress.epoch_step
-        sampler = self.train_loader.sampler
-        sampler.set_epoch(epoch)
-        sampler.skip_next(first_batch * self.train_loader.batch_size)
+        """Set up the sampler and RNG for epoch; return the step it starts at (0 unless resuming)."""
+        self.train_loader.sampler.set_epoch(epoch, start=self.progress.epoch_samples)
         if self._rng_to_restore is not None:
             restore_rng(self._rng_to_restore, self.env.device, fallback_seed=self._dropout_seed(epoch))
             self._rng_to_restore = None
         else:
             torch.manual_seed(self._dropout_seed(epoch))  # seeds the CUDA generators too
-        return first_batch
+        return self.progress.epoch_step
 
     def _dropout_seed(self, epoch: int) -> int:
         """Dropout differs per rank and per epoch, yet an epoch replays exactly after a resume."""
         return self.config.seed + MAX_RANKS * epoch + self.env.rank
 
     def _train_epoch(self, epoch: int) -> None:
+        """Train the rest of epoch, or until the step budget is spent (the epoch then stays open)."""
         self.model.train()
-        first_batch = self._start_epoch(epoch)
+        first_step = self._start_epoch(epoch)
         self.monitor.restart_window()
-        for iteration, batch in enumerate(self.train_loader, start=first_batch):
+        for iteration, batch in enumerate(self.train_loader, start=first_step):
             inputs, targets = self._to_device(batch)
             loss = self.train_step(inputs, targets)
             self._advance(len(inputs))
@@ -233,15 +301,37 @@ class Trainer:
                                 tokens=self.progress.tokens, lr=self.optimizer.param_groups[0]["lr"],
                                 tokens_per_s=self.monitor.tokens_per_s, mfu=self.monitor.mfu)
             self._log_loss("Train", epoch, iteration, loss)
-            if self.config.save_every_steps and self.progress.step % self.config.save_every_steps == 0:
-                self._save_snapshot(f"step {self.progress.step}")
-        self.progress.finished_epoch, self.progress.epoch_step = epoch, 0
+            self._after_step(epoch)
+            if self._budget_spent():
+                break
+        else:
+            self.progress.finished_epoch, self.progress.epoch_step, self.progress.epoch_samples = epoch, 0, 0
         self.metrics.flush()
 
     def _advance(self, batch_len: int) -> None:
+        """Count a step of batch_len samples on each rank (every rank's batch has the same length)."""
         self.progress.step += 1
         self.progress.epoch_step += 1
+        self.progress.epoch_samples += batch_len * self.env.world_size
         self.progress.tokens += batch_len * self.env.world_size * self.block_size
+
+    def _after_step(self, epoch: int) -> None:
+        """Step-cadence work, and what every rank agreed on: a timed snapshot, or a clean stop."""
+        step = self.progress.step
+        if self.config.save_every_steps and step % self.config.save_every_steps == 0:
+            self._save_snapshot(f"step {step}")
+        if self.config.eval_every_steps and step % self.config.eval_every_steps == 0 and self.test_loader:
+            self.evaluate(epoch)
+            self.monitor.restart_window()
+        decision = self.agreement.after_step()
+        if decision.save and self._last_saved_step != step:
+            self._save_snapshot(f"step {step} ({self.config.save_every_minutes:g} minutes since the last)")
+        if decision.stop_signal:
+            if self._last_saved_step != step:
+                self._save_snapshot(f"step {step}")
+            clear_status()
+            log.info(f"Stopping on {decision.stop_signal_name}: snapshot saved at step {step}")
+            raise RunStopped(decision.stop_signal_name)
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One optimizer step over a batch of grad_accum_steps micro-batches; returns its mean loss."""
@@ -290,7 +380,6 @@ class Trainer:
         same count: up to world_size - 1 samples are counted twice.
         """
         self.model.eval()
-        self.test_loader.sampler.set_epoch(epoch)
         totals = torch.zeros(2, device=self.env.device)  # sum of sample losses, sample count
         for iteration, batch in enumerate(self.test_loader):
             inputs, targets = self._to_device(batch)
@@ -319,6 +408,9 @@ class Trainer:
             model_config=asdict(unwrap(self.model).config),
         )
         self.snapshots.save(self.model, self.optimizer, info, self.env.is_main)
+        self._last_saved_step = self.progress.step
+        if self.agreement is not None:
+            self.agreement.saved()
         log.info(f"Snapshot saved at {when}")
 
     def _resume(self) -> None:
@@ -333,23 +425,24 @@ class Trainer:
         self.progress = snapshot.progress
         self._resume_position(snapshot)
         where = ""
-        if snapshot.epoch_step:
+        if snapshot.epoch_samples:
             epoch = snapshot.finished_epoch + 1
-            where = f" (step {snapshot.step}, batch {snapshot.epoch_step} of epoch {epoch})"
+            where = f" (step {snapshot.step}, sample {snapshot.epoch_samples} of epoch {epoch})"
         log.info(f"Resuming training from snapshot at Epoch {snapshot.finished_epoch}{where}")
 
     def _resume_position(self, snapshot: Snapshot) -> None:
-        """Mid-epoch, continue with the next unseen batch and the RNG state of that moment.
+        """Mid-epoch, continue with the next unseen sample of the epoch's global order.
 
-        Batch positions and RNG streams belong to the world size that saved them; at another world
-        size the interrupted epoch starts over instead.
+        At the world size that saved it, with each rank's RNG state of that moment: the unbroken
+        run, replayed exactly. At another world size the RNG streams (one per rank) cannot carry
+        over: each rank seeds its own, and the dropout masks differ from an unbroken run's.
         """
-        if snapshot.epoch_step == 0:
+        if snapshot.epoch_samples == 0:
             return
         if snapshot.world_size == self.env.world_size:
             self._rng_to_restore = snapshot.rng_states[self.env.rank]
             return
         warn_once(f"snapshot taken mid-epoch by {snapshot.world_size} ranks, resumed by "
-                  f"{self.env.world_size}: epoch {snapshot.finished_epoch + 1} starts over")
-        self.progress.epoch_step = 0
+                  f"{self.env.world_size}: epoch {snapshot.finished_epoch + 1} continues at sample "
+                  f"{snapshot.epoch_samples:,} of its order, with new dropout streams")
         self.progress.world_size = self.env.world_size

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "mingpt"))
 import fsspec  # noqa: E402
 import torch  # noqa: E402
 
-from char_dataset import CharDataset, DataConfig, read_text, split_dataset  # noqa: E402
+from char_dataset import CharDataset, DataConfig, split_dataset  # noqa: E402
 from logger import configure_logging  # noqa: E402
 from model import GPT, GPTConfig, OptimizerConfig  # noqa: E402
 from parallel import gather_full_state, local_parameter_bytes, unwrap  # noqa: E402
@@ -51,7 +51,7 @@ def main(method: str, text_path: str, out_dir: str) -> None:
     with distributed_session() as env:
         configure_logging(env.rank)
         data_config = DataConfig(path=text_path, block_size=16)
-        dataset = CharDataset(read_text(data_config), data_config.block_size)
+        dataset = CharDataset(Path(text_path).read_text(), data_config.block_size)
         train_set, test_set = split_dataset(dataset, data_config, seed=0)
         torch.manual_seed(0)
         model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=dataset.vocab_size, block_size=16))
@@ -60,7 +60,8 @@ def main(method: str, text_path: str, out_dir: str) -> None:
         trainer = Trainer(config, model, OptimizerConfig(), train_set, test_set, dataset.vocab, env)
 
         trainer.train_loader.sampler.set_epoch(1)
-        epoch_samples = [train_set.indices[i] for i in trainer.train_loader.sampler]
+        epoch_samples = [start for batch in trainer.train_loader.sampler
+                         for start in train_set.starts(batch).tolist()]
         inputs, targets = next(iter(trainer.train_loader))
         before = digest(trainer)
         trainer.train_step(inputs, targets)

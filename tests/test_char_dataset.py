@@ -1,7 +1,8 @@
+import numpy as np
 import pytest
 import torch
 
-from char_dataset import CharDataset, DataConfig, fetch_corpus, read_text, split_dataset
+from char_dataset import CharDataset, DataConfig, fetch_corpus, open_corpus, prepare_corpus, split_dataset
 from errors import ConfigError, DataError
 from helpers import make_text, serving
 
@@ -13,14 +14,14 @@ def dataset_of(text: str, block_size: int = 8) -> CharDataset:
 def test_vocabulary_is_the_sorted_characters():
     ds = dataset_of("hello world")
     assert ds.vocab == sorted(set("hello world"))
-    assert ds.decode(ds.data) == "hello world"
+    assert ds.decode(ds.token_ids(np.arange(11))) == "hello world"
     assert torch.equal(ds.encode("lol"), torch.tensor([ds.stoi["l"], ds.stoi["o"], ds.stoi["l"]]))
 
 
 def test_unicode_text_round_trips():
     text = "naïve café — ünïcödé ✓ 𝄞 " * 3
     ds = dataset_of(text)
-    assert ds.decode(ds.data) == text and ds.vocab == sorted(set(text))
+    assert ds.decode(ds.token_ids(np.arange(len(text)))) == text and ds.vocab == sorted(set(text))
 
 
 def test_every_position_is_a_sample_of_shifted_slices():
@@ -33,12 +34,17 @@ def test_every_position_is_a_sample_of_shifted_slices():
     assert ds.decode(x) == text[3:11] and ds.decode(y) == text[4:12]
 
 
-def test_samples_are_views_of_the_encoded_text():
-    """Encoded once: a sample is a slice of one tensor, not characters looked up per access."""
-    ds = dataset_of(make_text(500))
-    x, y = ds[10]
-    storage = ds.data.untyped_storage().data_ptr()
-    assert x.untyped_storage().data_ptr() == storage == y.untyped_storage().data_ptr()
+def test_a_batch_of_starts_is_gathered_at_once():
+    """Encoded once, one byte per character: a batch is one gather from the ids."""
+    text = make_text(500)
+    ds = dataset_of(text)
+    assert ds.ids.dtype == np.uint8
+    x, y = ds[torch.tensor([3, 100, 491])]
+    assert x.shape == y.shape == (3, 8) and x.dtype == torch.int64
+    assert [ds.decode(row) for row in x] == [text[3:11], text[100:108], text[491:499]]
+    assert torch.equal(y[:, :-1], x[:, 1:])
+    with pytest.raises(IndexError):
+        ds[torch.tensor([492])]
 
 
 def config(**overrides) -> DataConfig:
@@ -51,9 +57,11 @@ def test_random_split_is_seeded_and_keeps_the_original_counts():
     again, _ = split_dataset(ds, config(train_split=0.9), seed=3)
     other, _ = split_dataset(ds, config(train_split=0.9), seed=4)
     assert len(train) == int(len(ds) * 0.9) and len(test) == len(ds) - len(train)
-    assert list(train.indices) == list(again.indices)
-    assert list(train.indices) != list(other.indices)
-    assert not set(train.indices) & set(test.indices)
+    starts = train.starts(torch.arange(len(train))).tolist()
+    test_starts = test.starts(torch.arange(len(test))).tolist()
+    assert starts == again.starts(torch.arange(len(train))).tolist()
+    assert starts != other.starts(torch.arange(len(train))).tolist()
+    assert sorted(starts + test_starts) == list(range(len(ds)))  # disjoint, and nothing left out
 
 
 def test_contiguous_split_shares_no_character():
@@ -61,10 +69,12 @@ def test_contiguous_split_shares_no_character():
     ds = dataset_of(text, block_size=8)
     train, test = split_dataset(ds, config(split="contiguous", train_split=0.75), seed=0)
     cut = int(len(text) * 0.75)
-    last_train_char = max(train.indices) + 8  # the last target of the last train window
-    first_test_char = min(test.indices)
+    train_starts = train.starts(torch.arange(len(train)))
+    test_starts = test.starts(torch.arange(len(test)))
+    last_train_char = int(train_starts.max()) + 8  # the last target of the last train window
+    first_test_char = int(test_starts.min())
     assert last_train_char < cut <= first_test_char
-    assert max(test.indices) == len(ds) - 1
+    assert int(test_starts.max()) == len(ds) - 1
 
 
 def test_split_that_leaves_a_side_empty_is_refused():
@@ -86,10 +96,22 @@ def test_bad_data_configs_name_the_key(overrides, key):
     assert error.value.key == key
 
 
-def test_read_text_truncates(tmp_path):
+def corpus(path, **overrides) -> CharDataset:
+    """What main.py does: prepare the token file, then open it."""
+    data_config = config(path=str(path), **overrides)
+    prepare_corpus(data_config)
+    return open_corpus(data_config)
+
+
+def test_truncating_keeps_the_leading_text_and_its_own_vocabulary(tmp_path):
     path = tmp_path / "t.txt"
-    path.write_text("x" * 1000)
-    assert len(read_text(config(path=str(path), truncate=0.25))) == 250
+    path.write_text("abab" * 250 + "xyz" * 100)
+    ds = corpus(path, truncate=0.25)
+    assert ds.num_chars == 325 and len(ds) == 325 - 8
+    assert ds.vocab == ["a", "b"]  # the original's: the characters of the text it trains on
+    x, _ = ds[torch.tensor([0])]
+    assert ds.decode(x[0]) == "abababab" and int(x.max()) == 1
+    assert corpus(path).vocab == ["a", "b", "x", "y", "z"]
 
 
 @pytest.mark.parametrize("content, message", [
@@ -100,12 +122,12 @@ def test_unusable_text_is_refused(tmp_path, content, message):
     path = tmp_path / "t.txt"
     path.write_bytes(content)
     with pytest.raises(DataError, match=message):
-        read_text(config(path=str(path)))
+        corpus(path)
 
 
 def test_missing_file_is_refused(tmp_path):
     with pytest.raises(DataError, match="no such file"):
-        read_text(config(path=str(tmp_path / "absent.txt")))
+        corpus(tmp_path / "absent.txt")
 
 
 def test_fetch_corpus_downloads_whole_file(tmp_path):

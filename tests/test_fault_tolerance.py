@@ -36,7 +36,7 @@ def unbroken(text_file, tmp_path_factory):
 
 
 @pytest.mark.parametrize("fault, resumed_from", [
-    ("step:37", "Resuming training from snapshot at Epoch 0 (step 30, batch 30 of epoch 1)"),
+    ("step:37", "Resuming training from snapshot at Epoch 0 (step 30, sample 1920 of epoch 1)"),
     ("epoch_snapshot:1", "Resuming training from snapshot at Epoch 1"),
     ("eval:1", "Resuming training from snapshot at Epoch 1"),
 ])

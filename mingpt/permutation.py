@@ -1,0 +1,75 @@
+"""A seeded permutation of 0..n-1 computed element by element: memory that does not grow with n.
+
+A corpus of a billion characters has a billion samples; a shuffled list of them (randperm, or the
+lists random_split and DistributedSampler build) takes 8 GB per rank and seconds per epoch. Here
+position i of the order is computed when it is needed: a Feistel network, a bijection on the
+integers below the next even power of two >= n, whose round function is an integer hash keyed by
+the seed; an image at or above n is mapped again until it falls below n ("cycle walking"), which
+keeps the map a bijection on 0..n-1. The domain is at most 4n, so few elements need a second round.
+
+The same (n, seed) gives the same order in every process, on every machine.
+"""
+import torch
+
+ROUNDS = 4
+_MASK32 = 0xFFFFFFFF
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(state: int) -> tuple[int, int]:
+    """The next (state, output) of SplitMix64: turns one seed into well-mixed round keys."""
+    state = (state + 0x9E3779B97F4A7C15) & _MASK64
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return state, z ^ (z >> 31)
+
+
+def _hash32(x: torch.Tensor, key: int) -> torch.Tensor:
+    """An integer hash of 32-bit values (int64 tensor in, int64 tensor of 32-bit values out).
+
+    Products may overflow int64; only their low 32 bits are kept, which overflow does not change.
+    """
+    x = (x ^ key) & _MASK32
+    x = (x * 0x7FEB352D) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _MASK32
+    return x ^ (x >> 16)
+
+
+class Permutation:
+    """order(i) for i in 0..n-1 is a bijection onto 0..n-1, fixed by (n, seed)."""
+
+    def __init__(self, n: int, seed: int):
+        if n < 1:
+            raise ValueError(f"a permutation of {n} elements")
+        self.n = n
+        bits = max((n - 1).bit_length(), 2)
+        self._half_bits = (bits + 1) // 2
+        self._half_mask = (1 << self._half_bits) - 1
+        state = seed & _MASK64
+        self._keys = []
+        for _ in range(ROUNDS):
+            state, key = _splitmix64(state)
+            self._keys.append(key & _MASK32)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __call__(self, positions: torch.Tensor) -> torch.Tensor:
+        """The elements at these positions of the order (an int64 tensor of any shape)."""
+        positions = torch.as_tensor(positions, dtype=torch.int64)
+        if positions.numel() and (positions.min() < 0 or positions.max() >= self.n):
+            raise IndexError(f"positions outside 0..{self.n - 1}")
+        out = self._feistel(positions)
+        outside = out >= self.n
+        while outside.any():  # cycle walking: each step is a bijection, so it ends below n
+            out[outside] = self._feistel(out[outside])
+            outside = out >= self.n
+        return out
+
+    def _feistel(self, x: torch.Tensor) -> torch.Tensor:
+        left, right = x >> self._half_bits, x & self._half_mask
+        for key in self._keys:
+            left, right = right, left ^ (_hash32(right, key) & self._half_mask)
+        return (left << self._half_bits) | right

@@ -1,0 +1,89 @@
+"""data_loader.py: one global sample order per epoch, dealt out to any number of ranks."""
+import torch
+
+from char_dataset import CharDataset, DataConfig, split_dataset
+from data_loader import GlobalOrderSampler, make_dataloader
+from helpers import make_text
+from process_group import DistEnv
+
+
+def env(rank: int, world_size: int) -> DistEnv:
+    return DistEnv(rank=rank, local_rank=rank, world_size=world_size, local_world_size=world_size,
+                   device=torch.device("cpu"), backend="gloo")
+
+
+def rank_batches(num_samples, batch_size, world_size, epoch=1, start=0, shuffle=True, limit=None):
+    """Each rank's batches of one pass, as lists."""
+    ranks = []
+    for rank in range(world_size):
+        sampler = GlobalOrderSampler(num_samples, batch_size, env(rank, world_size), shuffle, seed=7,
+                                     limit=limit)
+        sampler.set_epoch(epoch, start=start)
+        batches = [batch.tolist() for batch in sampler]
+        assert len(batches) == len(sampler)
+        ranks.append(batches)
+    return ranks
+
+
+def global_order(ranks) -> list[int]:
+    """The samples step by step, each step's ranks in the DistributedSampler's interleaving."""
+    order = []
+    for step in zip(*ranks):
+        order += [sample for round_ in zip(*step) for sample in round_]
+    return order
+
+
+def test_a_pass_is_every_sample_once_split_over_the_ranks():
+    ranks = rank_batches(1000, batch_size=16, world_size=2)
+    samples = [s for batches in ranks for batch in batches for s in batch]
+    assert sorted(samples) == list(range(1000))
+    assert not set(sum(ranks[0], [])) & set(sum(ranks[1], []))
+    assert len(ranks[0]) == len(ranks[1]) == 32  # 500 each: 31 batches of 16 and one of 4
+
+
+def test_the_order_does_not_depend_on_the_world_size():
+    one = global_order(rank_batches(960, batch_size=32, world_size=1))
+    two = global_order(rank_batches(960, batch_size=16, world_size=2))
+    three = global_order(rank_batches(960, batch_size=8, world_size=4))
+    assert one == two == three
+    assert one != list(range(960))  # shuffled
+    assert one != global_order(rank_batches(960, batch_size=32, world_size=1, epoch=2))  # per epoch
+
+
+def test_an_uneven_pass_is_filled_from_its_start_like_distributed_sampler():
+    ranks = rank_batches(1001, batch_size=100, world_size=2)
+    samples = [s for batches in ranks for batch in batches for s in batch]
+    assert len(samples) == 1002 and sorted(set(samples)) == list(range(1001))
+    first = global_order(rank_batches(1001, batch_size=100, world_size=2))[0]
+    assert samples.count(first) == 2  # the one extra sample is the pass's first
+
+
+def test_resumed_at_another_world_size_every_sample_is_trained_once():
+    order = global_order(rank_batches(1200, batch_size=25, world_size=2))
+    trained = order[: 4 * 50]  # 4 steps of 25 x 2 ranks, then a snapshot
+    rest = rank_batches(1200, batch_size=40, world_size=4, start=200)
+    rest_samples = [s for batches in rest for batch in batches for s in batch]
+    assert sorted(trained + rest_samples) == list(range(1200))
+    assert global_order(rest) == order[200:]
+
+
+def test_an_eval_subset_is_fixed_and_unshuffled_passes_keep_the_split_order():
+    subset = rank_batches(500, batch_size=10, world_size=2, limit=60, epoch=0)
+    again = rank_batches(500, batch_size=10, world_size=2, limit=60, epoch=0)
+    assert subset == again and len(subset[0]) == 3
+    assert len(set(global_order(subset))) == 60
+    assert global_order(rank_batches(100, batch_size=10, world_size=2, shuffle=False)) == list(range(100))
+
+
+def test_the_loader_gathers_whole_batches_of_windows():
+    text = make_text(3000)
+    dataset = CharDataset(text, block_size=8)
+    train, _ = split_dataset(dataset, DataConfig(path="unused", block_size=8), seed=0)
+    loader = make_dataloader(train, batch_size=16, workers=0, env=env(0, 1), shuffle=True, seed=3)
+    loader.sampler.set_epoch(1)
+    indices = next(iter(loader.sampler))
+    x, y = next(iter(loader))
+    assert x.shape == y.shape == (16, 8) and x.dtype == torch.int64
+    for row, start in enumerate(train.starts(indices).tolist()):
+        assert dataset.decode(x[row]) == text[start:start + 8]
+        assert dataset.decode(y[row]) == text[start + 1:start + 9]
