@@ -1,11 +1,17 @@
-"""torchrun entry for the tests: mingpt/main.py with a SIGKILL planted at one point of training.
+"""Entry for the tests (under torchrun or alone): mingpt/main.py with a SIGKILL planted at one
+point of training, and the samples each rank trains on recorded.
 
     FAULT=step:37 FAULT_RANK=1 torchrun ... tests/fault_injection.py [hydra overrides]
+    RECORD_SAMPLES=DIR python tests/fault_injection.py [hydra overrides]
 
 FAULT is `step:N` (after optimizer step N), `epoch_snapshot:E` (right after the snapshot of epoch
 E) or `eval:E` (as the eval pass of epoch E starts). The kill happens on FAULT_RANK (default 1),
 in torchrun's first attempt only, so that the restarted workers can finish. `error:N` raises a
 user-facing error (say, a snapshot store that refused one rank) after step N instead of killing.
+
+RECORD_SAMPLES: each training batch a rank draws is appended to DIR/samples-rank<R>-<pid>.txt as
+`epoch index index ...` (split indices; run with data_loader_workers=0, so that nothing is drawn
+ahead of training).
 """
 import os
 import runpy
@@ -16,6 +22,7 @@ from pathlib import Path
 MINGPT = Path(__file__).resolve().parent.parent / "mingpt"
 sys.path.insert(0, str(MINGPT))
 
+from data_loader import GlobalOrderSampler  # noqa: E402
 from errors import MinGPTError  # noqa: E402
 from trainer import Trainer  # noqa: E402  (the module main.py will import, patched below)
 
@@ -60,9 +67,26 @@ def plant(fault: str) -> None:
         raise ValueError(f"unknown FAULT {fault!r}")
 
 
+def record_samples(folder: str) -> None:
+    """Append every training batch the sampler hands out to this process's file in folder."""
+    original = GlobalOrderSampler.__iter__
+    path = Path(folder) / f"samples-rank{os.environ.get('RANK', '0')}-{os.getpid()}.txt"
+
+    def recorded(self):
+        for batch in original(self):
+            if self.shuffle:  # the training sampler; evaluation keeps the split's order
+                with open(path, "a") as f:
+                    f.write(" ".join(map(str, [self.epoch, *batch.tolist()])) + "\n")
+            yield batch
+
+    GlobalOrderSampler.__iter__ = recorded
+
+
 if __name__ == "__main__":
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     if "FAULT" in os.environ and first_attempt and os.environ["RANK"] == os.environ.get("FAULT_RANK", "1"):
         plant(os.environ["FAULT"])
+    if "RECORD_SAMPLES" in os.environ:
+        record_samples(os.environ["RECORD_SAMPLES"])
     # As a script, so that Hydra finds its config beside main.py.
     runpy.run_path(str(MINGPT / "main.py"), run_name="__main__")

@@ -1,5 +1,9 @@
-"""Exact resume: a worker SIGKILLed mid-run, restarted by torchrun, ends bitwise where an unbroken
-run ends; and a save killed half-way never costs the previous snapshot."""
+"""Exact resume: a worker SIGKILLed mid-run and restarted by torchrun, or a run stopped by SIGTERM and
+started again, ends bitwise where an unbroken run ends; a save killed half-way never costs the
+previous snapshot; a mid-epoch snapshot resumed at another world size trains each sample once."""
+import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -7,7 +11,8 @@ import time
 import pytest
 import torch
 
-from helpers import REPO, TORCHRUN, assert_ok, run, sha256, tiny_overrides
+from control import STOP_EXIT_STATUS
+from helpers import MAIN, MINGPT, REPO, TORCHRUN, assert_ok, run, sha256, tiny_overrides
 
 STEPS_PER_EPOCH = 85  # 5,385 train samples / (32 per rank x 2 ranks)
 
@@ -84,3 +89,115 @@ def test_a_local_save_killed_half_way_keeps_the_previous_snapshot(tmp_path):
     kill_mid_save(str(path))
     assert sha256(path) == before
     assert read_snapshot(str(path)).step == 1
+
+
+# Stopping on a signal: every rank finishes its step, one snapshot, exit 75; a restart resumes
+# there and ends bitwise where an unbroken run ends.
+
+STOPPED = re.compile(r"Stopping on SIGTERM: snapshot saved at step (\d+)")
+
+
+def start_until(cmd: list, env: dict, line_wanted: str) -> tuple[subprocess.Popen, list[str]]:
+    """Start cmd and read its output until a line containing line_wanted has been printed."""
+    process = subprocess.Popen([str(c) for c in cmd], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1",
+                               "PYTHONUNBUFFERED": "1", **env}, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if line_wanted in line:
+            return process, seen
+    raise AssertionError("".join(seen))
+
+
+def stop_with_sigterm(cmd: list, env: dict) -> tuple[int, str]:
+    """Run cmd, SIGTERM it once training is under way; its exit status and whole output."""
+    process, seen = start_until(cmd, env, "| Iter 40 |")
+    process.send_signal(signal.SIGTERM)
+    rest, _ = process.communicate(timeout=120)
+    return process.returncode, "".join(seen) + rest
+
+
+def one_process_overrides(text_file, snapshot):
+    return tiny_overrides(text_file, snapshot, trainer_config__max_epochs=2)
+
+
+@pytest.fixture(scope="module")
+def unbroken_one_process(text_file, tmp_path_factory):
+    snapshot = tmp_path_factory.mktemp("unbroken1") / "snap.pt"
+    assert_ok(run([sys.executable, MAIN, *one_process_overrides(text_file, snapshot)]))
+    return final_weights(snapshot)
+
+
+def assert_stopped_and_saved(output: str, snapshot) -> int:
+    match = STOPPED.search(output)
+    assert match, output
+    step = int(match.group(1))
+    assert torch.load(snapshot, weights_only=True)["step"] == step
+    return step
+
+
+def test_sigterm_stops_one_process_with_a_snapshot_and_resumes_exactly(text_file, tmp_path,
+                                                                      unbroken_one_process):
+    snapshot = tmp_path / "snap.pt"
+    overrides = one_process_overrides(text_file, snapshot)
+    status, output = stop_with_sigterm([sys.executable, MAIN, *overrides], {})
+    assert status == STOP_EXIT_STATUS, output
+    step = assert_stopped_and_saved(output, snapshot)
+    resumed = run([sys.executable, MAIN, *overrides])
+    assert_ok(resumed)
+    assert f"(step {step}, sample {step * 32} of epoch 1)" in resumed.stdout
+    weights = final_weights(snapshot)
+    assert all(torch.equal(weights[name], unbroken_one_process[name]) for name in weights)
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "launch.py"])
+def test_sigterm_to_the_launcher_stops_every_rank_at_one_step_and_resumes_exactly(text_file, tmp_path, unbroken,
+                                                                                launcher):
+    snapshot = tmp_path / "snap.pt"
+    overrides = tiny_overrides(text_file, snapshot, trainer_config__max_epochs=2,
+                               trainer_config__save_every_steps=10)
+    if launcher == "torchrun":
+        command = [*TORCHRUN, "--standalone", "--nproc_per_node=2", MAIN, *overrides]
+    else:
+        command = [sys.executable, MINGPT / "launch.py", "--nproc", "2", *overrides]
+    status, output = stop_with_sigterm(command, {})
+    if launcher == "launch.py":
+        assert status == STOP_EXIT_STATUS, output
+    step = assert_stopped_and_saved(output, snapshot)
+    assert output.count("Stopping on SIGTERM") == 1  # rank 0 speaks for both
+    assert "Traceback" not in output.split("Stopping on SIGTERM")[0]
+    resumed = run([*TORCHRUN, "--standalone", "--nproc_per_node=2", MAIN, *overrides])
+    assert_ok(resumed)
+    assert f"Resuming training from snapshot at Epoch 0 (step {step}," in resumed.stdout
+    weights = final_weights(snapshot)
+    assert all(torch.equal(weights[name], unbroken[name]) for name in weights)
+
+
+def trained_samples(folder) -> dict[int, list[int]]:
+    """epoch -> every sample index any rank of any run trained on, as recorded."""
+    by_epoch: dict[int, list[int]] = {}
+    for path in folder.glob("samples-*.txt"):
+        for line in path.read_text().splitlines():
+            epoch, *indices = map(int, line.split())
+            by_epoch.setdefault(epoch, []).extend(indices)
+    return by_epoch
+
+
+def test_a_mid_epoch_snapshot_resumed_at_another_world_size_trains_each_sample_once(text_file, tmp_path):
+    """2 ranks stop mid-epoch (a step budget); 1 rank finishes the epoch from that sample on."""
+    snapshot, record = tmp_path / "snap.pt", tmp_path / "samples"
+    record.mkdir()
+    entry = REPO / "tests" / "fault_injection.py"
+    first = run([*TORCHRUN, "--standalone", "--nproc_per_node=2", entry,
+                 *tiny_overrides(text_file, snapshot, trainer_config__max_steps=30)],
+                env={"RECORD_SAMPLES": str(record)})
+    assert_ok(first)
+    assert "Snapshot saved at step 30 (the last)" in first.stdout
+    second = run([sys.executable, entry, *tiny_overrides(text_file, snapshot)], env={"RECORD_SAMPLES": str(record)})
+    assert_ok(second)
+    assert "resumed by 1: epoch 1 continues at sample 1,920" in second.stderr + second.stdout
+    samples = trained_samples(record)[1]
+    train_size = 5385  # int(0.9 x (6,000 - 16)) windows
+    assert sorted(samples) == list(range(train_size))
+    assert torch.load(snapshot, weights_only=True)["finished_epoch"] == 1
