@@ -1,5 +1,9 @@
-"""Trainer options through main.py in one process: accumulation, schedules, compile."""
+"""Trainer options through main.py in one process: accumulation, schedules, compile, step budgets,
+evaluation and snapshot cadences."""
+import re
+
 import pytest
+import torch
 
 from helpers import assert_ok, run_main, tiny_overrides
 from metrics import default_metrics_path, read_metrics
@@ -69,3 +73,42 @@ def test_mfu_is_held_against_the_peak_of_the_precision_in_use(monkeypatch, tmp_p
         assert trainer.monitor.peak_flops == peak
     finally:
         flops.peak_flops.cache_clear()
+
+
+def test_a_step_budget_ends_mid_epoch_with_a_snapshot_and_sets_the_schedule(text_file, tmp_path):
+    snapshot = tmp_path / "snap.pt"
+    result = run_main(tiny_overrides(text_file, snapshot, trainer_config__max_epochs=5,
+                                     trainer_config__max_steps=25, optimizer_config__lr_schedule="cosine"))
+    assert_ok(result)
+    lines = read_metrics(default_metrics_path(str(snapshot)), "train")
+    assert [line["step"] for line in lines] == list(range(1, 26))  # 169 steps would make an epoch
+    assert lines[-1]["lr"] == pytest.approx(3e-4, rel=0.05)  # the cosine floor, reached at step 25
+    assert "Snapshot saved at step 25 (the last)" in result.stdout
+    state = torch.load(snapshot, weights_only=True)
+    assert (state["step"], state["finished_epoch"], state["epoch_samples"]) == (25, 0, 25 * 32)
+    assert "Eval Loss" not in result.stdout  # the epoch never ended
+
+
+def test_evaluation_every_n_steps_on_a_fixed_subset(text_file, tmp_path):
+    snapshot = tmp_path / "snap.pt"
+    result = run_main(tiny_overrides(text_file, snapshot, trainer_config__max_steps=30,
+                                     trainer_config__eval_every_steps=10, trainer_config__eval_batches=2))
+    assert_ok(result)
+    evals = read_metrics(default_metrics_path(str(snapshot)), "eval")
+    assert [(line["step"], line["samples"]) for line in evals] == [(10, 64), (20, 64), (30, 64)]
+    assert evals[-1]["loss"] < evals[0]["loss"]
+
+
+def test_snapshots_every_n_minutes_keep_their_cadence(text_file, tmp_path):
+    folder = tmp_path / "snaps"
+    interval_s = 1.5
+    result = run_main(tiny_overrides(text_file, folder, trainer_config__max_epochs=3, trainer_config__keep_last=100,
+                                     trainer_config__save_every=100, trainer_config__log_every=1000,
+                                     trainer_config__save_every_minutes=interval_s / 60))
+    assert_ok(result)
+    timed = re.findall(r"Snapshot saved at step (\d+) \(0.025 minutes since the last\)", result.stdout)
+    saved = sorted(folder.glob("snapshot_*.pt"), key=lambda p: p.stat().st_mtime)
+    assert len(timed) >= 2 and len(saved) == len(timed)
+    gaps = [later.stat().st_mtime - earlier.stat().st_mtime for earlier, later in zip(saved, saved[1:])]
+    assert all(gap > interval_s * 0.9 for gap in gaps), gaps
+    assert sorted(gaps)[len(gaps) // 2] < interval_s + 1.0, gaps  # a save no later than about a step after
