@@ -89,6 +89,11 @@ def startup_summary(config: TrainConfig, env: DistEnv, dataset: CharDataset, tra
     tokens_per_step = tc.batch_size * tc.grad_accum_steps * env.world_size * dataset.block_size
     resume = (f"resuming after epoch {trainer.progress.finished_epoch}, step {trainer.progress.step}"
               if trainer.progress.step else "starting from scratch")
+    budget = f"{tc.max_steps:,} steps in all" if tc.max_steps else f"{tc.max_epochs} epochs"
+    evaluation = (f"every {tc.eval_every_steps} steps" if tc.eval_every_steps else "every epoch") + (
+        f" on {tc.eval_batches} batch(es) per process" if tc.eval_batches else "")
+    cadences = [f"{tc.save_every} epoch(s)"] + [f"{n} {unit}" for n, unit in (
+        (tc.save_every_steps, "steps"), (tc.save_every_minutes, "minutes")) if n]
     return [
         f"Model: GPT {params / 1e6:.2f}M parameters ({gpt.n_layer} layers, {gpt.n_head} heads, "
         f"{gpt.n_embd} wide, block {gpt.block_size})",
@@ -96,12 +101,13 @@ def startup_summary(config: TrainConfig, env: DistEnv, dataset: CharDataset, tra
         f"{env.device.type}; {tc.distributed_method}{' with CPU offload' if tc.cpu_offload else ''}; "
         f"{trainer.precision}; {local_parameter_bytes(trainer.model) / 1e6:.1f} MB of parameters per rank",
         f"Batch: {tc.batch_size} per process x {tc.grad_accum_steps} accumulation, "
-        f"{tokens_per_step:,} tokens per step, {trainer.steps_per_epoch} steps per epoch, "
-        f"{tc.max_epochs} epochs, {trainer.train_loader.num_workers} data worker(s) per process",
+        f"{tokens_per_step:,} tokens per step, {trainer.steps_per_epoch:,} steps per epoch, "
+        f"{budget}, {trainer.train_loader.num_workers} data worker(s) per process",
         f"Data: {data.path}, {dataset.num_chars:,} characters, vocabulary of {dataset.vocab_size}; "
-        f"{len(train_set):,} train and {len(test_set):,} test samples ({data.split} split)",
-        f"Snapshots: {tc.snapshot_path} every {tc.save_every} epoch(s)"
-        f"{f' and {tc.save_every_steps} steps' if tc.save_every_steps else ''}; {resume}",
+        f"{len(train_set):,} train and {len(test_set):,} test samples ({data.split} split); "
+        f"evaluation {evaluation}",
+        f"Snapshots: {tc.snapshot_path} every {' and '.join(cadences)}; {resume}; "
+        f"{', '.join(tc.stop_signals) or 'no signal'} stops with a snapshot",
     ]
 
 

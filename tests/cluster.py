@@ -285,6 +285,10 @@ PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE St
         return wait_for(lambda: (job := self.job(job_id))["JobState"] in TERMINAL_JOB_STATES and job,
                         timeout, f"Slurm job {job_id} to finish ({self._logs_hint()})", interval=0.5)
 
+    def command(self, *args: str) -> str:
+        """Run a Slurm command (scancel, scontrol, ...) against this cluster; its output."""
+        return _run(list(args), env=self.env).stdout
+
     def training_processes(self, job_id: str, node: str) -> list[int]:
         """PIDs of a job's torchrun workers on a node (workers have RANK set; their agent has not)."""
         return [pid for pid in _pids_with_environment(f"SLURM_CONF={self.conf}", f"SLURM_JOB_ID={job_id}",

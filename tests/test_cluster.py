@@ -109,7 +109,40 @@ def slurm_job_with_a_kill(slurm_cluster, text_file, tmp_path_factory) -> SlurmJo
                            kill_on="Snapshot saved at epoch 1", trainer_config__max_epochs=2)
 
 
+@pytest.fixture(scope="class")
+def requeued_job(slurm_cluster, text_file, tmp_path_factory) -> SlurmJob:
+    """REQUEUE=1 and the time-limit warning mid-epoch: the job saves, requeues itself, resumes, ends.
+
+    The warning is what `#SBATCH --signal=B:USR1@120` makes Slurm send two minutes before the
+    time limit: SIGUSR1 to the batch shell, sent here at once with scancel."""
+    submit_dir = tmp_path_factory.mktemp("submit")
+    snapshot = submit_dir / "snap.pt"
+    args = ["--cpus-per-task=1", SBATCH_RUN, *tiny_overrides(text_file, snapshot, trainer_config__max_epochs=2,
+                                                              trainer_config__log_every=10)]
+    env = {**submitting_environment(), "RDZV_PORT": str(free_port()), "REQUEUE": "1"}
+    job_id = slurm_cluster.sbatch(args, cwd=submit_dir, env=env)
+    output = submit_dir / f"slurm-{job_id}.out"
+    wait_for(lambda: "| Iter 30 |" in read(output), 240, f"training under way in {output}")
+    slurm_cluster.command("scancel", "--signal=USR1", "--batch", job_id)
+    wait_for(lambda: "requeued; it resumes" in read(output), 120, f"the requeue in {output}")
+    # A requeued job waits for its BeginTime (a delay Slurm adds); let it start now.
+    wait_for(lambda: slurm_cluster.job(job_id)["JobState"] == "PENDING", 60, "the job to be pending again")
+    slurm_cluster.command("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+    fields = slurm_cluster.wait_job(job_id, timeout=300)
+    return SlurmJob(job_id, fields, read(output), snapshot, [])
+
+
 class TestSlurm:
+    def test_a_requeued_job_saves_at_the_warning_and_resumes_at_that_step(self, requeued_job):
+        job = requeued_job
+        assert job.fields["JobState"] == "COMPLETED", f"{job.fields}\n{job.output}"
+        assert job.fields["Restarts"] == "1", job.fields
+        stopped = re.findall(r"Stopping on SIGTERM: snapshot saved at step (\d+)", job.output)
+        assert len(stopped) == 1, job.output
+        assert f"Resuming training from snapshot at Epoch 0 (step {stopped[0]}," in job.output
+        assert torch.load(job.snapshot, weights_only=True)["finished_epoch"] == 2
+
+
     def test_sbatch_job_completes_on_two_nodes(self, slurm_job):
         job = slurm_job
         assert job.fields["JobState"] == "COMPLETED", f"{job.fields}\n{job.output}"
