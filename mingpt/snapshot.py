@@ -27,7 +27,7 @@ import torch.nn as nn
 from fsspec.implementations.local import LocalFileSystem
 
 from errors import SnapshotError
-from parallel import gather_full_state, restore_full_state
+from parallel import gather_full_state, restore_full_state, unwrap
 from storage import make_folder, parent_folder, short_reason
 
 TRAINING_KEY = "trainer_config.snapshot_path"
@@ -138,6 +138,26 @@ def read_snapshot(path: str, key: str = TRAINING_KEY) -> Optional[Snapshot]:
     return Snapshot(**state)
 
 
+def check_tensors_fit(model: nn.Module, snapshot: Snapshot) -> None:
+    """ValueError naming a tensor the snapshot lacks, one the model has not, or one of another shape.
+    Loading alone is not enough: it fills a missing weight with the model's fresh one, and it takes
+    optimizer state of any shape (on which the first step crashes the process)."""
+    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}  # full shapes, even sharded
+    optimizer_state = snapshot.optimizer_state.get("state", {})
+    missing = sorted(shapes.keys() - snapshot.model_state.keys())
+    if missing:
+        raise ValueError(f"the snapshot lacks {', '.join(missing)}")
+    unknown = sorted((snapshot.model_state.keys() | optimizer_state.keys()) - shapes.keys())
+    if unknown:
+        raise ValueError(f"the model has no {', '.join(unknown)}")
+    tensors = [(name, name, tensor) for name, tensor in snapshot.model_state.items()]
+    tensors += [(name, f"{name} ({key})", value) for name, state in optimizer_state.items()
+                for key, value in state.items() if isinstance(value, torch.Tensor) and value.dim() > 0]
+    for name, label, tensor in tensors:
+        if tuple(tensor.shape) != shapes[name]:
+            raise ValueError(f"the snapshot's {label} is {tuple(tensor.shape)}, the model's {shapes[name]}")
+
+
 class SnapshotStore:
     """The single-file snapshots of one run: one file, or a folder keeping the newest few."""
 
@@ -177,6 +197,7 @@ class SnapshotStore:
             return None, None
         snapshot.check_matches(model_config, vocab, path)
         try:
+            check_tensors_fit(unwrap(model), snapshot)
             restore_full_state(model, optimizer, snapshot.model_state, snapshot.optimizer_state)
         except (RuntimeError, KeyError, ValueError) as e:
             raise SnapshotError(f"snapshot {path} does not fit this model and optimizer ({short_reason(e)}); "

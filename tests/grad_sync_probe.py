@@ -77,7 +77,8 @@ def one_step(method: str, accum: int, dataset: CharDataset, inputs, targets, env
     trainer.train_step(inputs, targets)
     model_state, optimizer_state = gather_full_state(trainer.model, trainer.optimizer)
     if env.is_main:
-        torch.save({"model": model_state, "optimizer": optimizer_state}, out_dir / f"{method}_accum{accum}.pt")
+        state = {"model": model_state, "optimizer": optimizer_state}
+        torch.save(state, out_dir / f"{method}_accum{accum}.pt")
     return per_backward
 
 
@@ -88,8 +89,9 @@ if __name__ == "__main__":
     counter.patch_torch_distributed()
     with distributed_session() as env:
         dataset = CharDataset("".join(chr(97 + (i * 31) % 20) for i in range(2000)), 16)
-        ids = torch.randint(dataset.vocab_size, (BATCH, 17), generator=torch.Generator().manual_seed(env.rank))
-        inputs, targets = ids[:, :-1], ids[:, 1:]  # each rank its own batch
+        own_batch = torch.Generator().manual_seed(env.rank)  # each rank its own samples
+        ids = torch.randint(dataset.vocab_size, (BATCH, 17), generator=own_batch)
+        inputs, targets = ids[:, :-1], ids[:, 1:]
         syncs = {method: {accum: one_step(method, accum, dataset, inputs, targets, env, counter)
                           for accum in (1, 2)}
                  for method in ("ddp", "fsdp")}

@@ -173,3 +173,52 @@ def test_default_corpus_missing_and_offline_says_what_to_do(tmp_path):
 def test_repo_has_no_corpus_committed():
     tracked = (REPO / ".gitignore").read_text()
     assert "data/input.txt" in tracked
+
+
+@pytest.fixture(scope="module")
+def trained_once(text_file, tmp_path_factory):
+    """One trained snapshot for the tests below, which each alter a copy of it."""
+    snapshot = tmp_path_factory.mktemp("trained") / "snap.pt"
+    assert_ok(run_main(tiny_overrides(text_file, snapshot)))
+    return snapshot
+
+
+def shrink_head(state: dict) -> None:
+    weights = state["model_state"]
+    weights["head.weight"] = weights["head.weight"][:, :-1].clone()
+
+
+def drop_final_norm(state: dict) -> None:
+    del state["model_state"]["ln_f.weight"]
+
+
+def shrink_head_momentum(state: dict) -> None:
+    head = state["optimizer_state"]["state"]["head.weight"]
+    head["exp_avg"] = head["exp_avg"][:, :-1].clone()
+
+
+@pytest.mark.parametrize("alter, message", [
+    (None, "was trained on another vocabulary"),
+    (shrink_head, "(ValueError: the snapshot's head.weight is (37, 31), the model's (37, 32))"),
+    (drop_final_norm, "(ValueError: the snapshot lacks ln_f.weight)"),
+    (shrink_head_momentum, "the snapshot's head.weight (exp_avg) is (37, 31), the model's (37, 32)"),
+], ids=["other-vocabulary", "weight-of-another-shape", "missing-weight", "optimizer-state-of-another-shape"])
+def test_snapshot_that_does_not_fit_is_refused_in_one_line_and_untouched(text_file, tmp_path, trained_once,
+                                                                         alter, message):
+    """The config matches, the vocabulary or the tensors do not."""
+    snapshot, data = tmp_path / "snap.pt", text_file
+    if alter is None:
+        shutil.copy(trained_once, snapshot)
+        data = tmp_path / "other.txt"
+        data.write_text(text_file.read_text().replace("k", "@"))  # as many characters, one differs
+    else:
+        state = torch.load(trained_once, weights_only=True)
+        alter(state)
+        torch.save(state, snapshot)
+    before = sha256(snapshot)
+    result = run_main(tiny_overrides(data, snapshot, trainer_config__max_epochs=2))
+    line = one_error_line(result)
+    assert result.returncode == 1
+    assert line.startswith(f"error: snapshot {snapshot} ") and message in line
+    assert "Epoch 2 |" not in result.stdout
+    assert sha256(snapshot) == before

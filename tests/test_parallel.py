@@ -30,7 +30,7 @@ def test_fsdp_rank_holds_its_share_of_the_parameters(fsdp_probe):
 
 def test_fsdp_eval_and_snapshot_follow_ddp_rules(fsdp_probe):
     modes = fsdp_probe[0]["eval_modes"] + fsdp_probe[1]["eval_modes"]
-    assert fsdp_probe[0]["eval_modes"] and fsdp_probe[1]["eval_modes"], "the eval pass's forward hook never ran"
+    assert fsdp_probe[0]["eval_modes"] and fsdp_probe[1]["eval_modes"], "the eval pass ran no forward"
     assert not any(modes)
     assert [p["wrote_snapshot"] for p in fsdp_probe] == [True, False]
 
@@ -131,7 +131,8 @@ def test_fsdp_fp16_trains_with_the_sharded_grad_scaler_and_ddp_resumes_it(tmp_pa
 def grad_sync(tmp_path_factory):
     """tests/grad_sync_probe.py on 2 ranks: one step of 32 samples per rank, whole and as 2 x 16."""
     out = tmp_path_factory.mktemp("grad_sync")
-    assert_ok(run([*TORCHRUN, "--standalone", "--nproc_per_node=2", REPO / "tests" / "grad_sync_probe.py", out]))
+    probe = REPO / "tests" / "grad_sync_probe.py"
+    assert_ok(run([*TORCHRUN, "--standalone", "--nproc_per_node=2", probe, out]))
     return out
 
 

@@ -1,9 +1,18 @@
+"""Which precision a device trains in, and end-to-end runs in the precisions users actually get: bf16
+autocast (use_amp, the default, on this project's CPUs) and fp16 autocast with a GradScaler (every
+CUDA run's default, forced on the CPU by tests/amp_probe.py)."""
+import shutil
+
 import pytest
 import torch
 
 import precision
+from helpers import MAIN, REPO, assert_ok, run_main, tiny_overrides
 from logger import configure_logging
+from metrics import default_metrics_path, read_metrics
+from parallel import unwrap
 from precision import Precision, resolve_precision
+from state_equality import assert_same_state
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")  # only described, never used: nothing here touches a GPU
@@ -73,3 +82,139 @@ def test_fp32_on_cuda_allows_tf32_and_says_so():
         assert torch.get_float32_matmul_precision() == "highest"
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+# End to end, through main.py: 1 process, and 2 under torchrun (DDP).
+
+AMP_PROBE = REPO / "tests" / "amp_probe.py"
+INITIAL_SCALE = 2.0**16  # GradScaler's
+
+needs_native_bf16 = pytest.mark.skipif(
+    not precision.cpu_has_native_bf16(),
+    reason="this CPU has no native bf16 (AVX512-BF16 or AMX): use_amp trains in fp32 here, no bf16 to test")
+
+
+def amp_run(text_file, folder, nproc, script=MAIN, env=None, **extra):
+    """A short use_amp=True run (a quarter of the text: about 40 steps per epoch on 1 rank, 20 on 2),
+    snapshotting into folder every 10 steps and at every epoch, keeping them all."""
+    overrides = tiny_overrides(text_file, folder, data_config__truncate=0.25, trainer_config__use_amp=True,
+                               trainer_config__save_every_steps=10, trainer_config__keep_last=20, **extra)
+    result = run_main(overrides, nproc=nproc if nproc > 1 else None, script=script, env=env)
+    assert_ok(result)
+    return result
+
+
+def world_line(result) -> str:
+    return next(line for line in result.stdout.splitlines() if line.startswith("World:"))
+
+
+def step_losses(folder) -> list[float]:
+    return [line["loss"] for line in read_metrics(default_metrics_path(str(folder)), "train")]
+
+
+def snapshots(folder) -> dict[str, dict]:
+    """The folder's snapshots by file name, oldest first."""
+    return {path.name: torch.load(path, weights_only=True) for path in sorted(folder.glob("snapshot_*.pt"))}
+
+
+def first_snapshot(taken: dict[str, dict], at: str) -> str:
+    """Name of the first snapshot taken at an epoch's end ("epoch") or part-way through one ("step")."""
+    return next(name for name, snapshot in taken.items() if (snapshot["epoch_step"] == 0) == (at == "epoch"))
+
+
+@needs_native_bf16
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_bf16_autocast_trains_end_to_end(text_file, tmp_path, nproc):
+    result = amp_run(text_file, tmp_path / "run", nproc)
+    assert "; bf16 mixed precision;" in world_line(result)
+    losses = step_losses(tmp_path / "run")
+    assert losses[-1] < losses[0] - 0.5, "bf16 did not train"
+    final = list(snapshots(tmp_path / "run").values())[-1]
+    assert final["finished_epoch"] == 1 and final["scaler_state"] == {}  # bf16 needs no loss scaling
+
+
+@pytest.mark.parametrize("nproc, resume_at", [(1, "epoch"), (2, "step")])
+def test_fp16_with_a_grad_scaler_trains_and_resumes_bitwise(text_file, tmp_path, nproc, resume_at):
+    """Two epochs unbroken, and again from one of its snapshots: every snapshot the resumed run
+    writes equals the unbroken run's, weights, AdamW state and scaler state alike. The loss scale
+    grows every 3 clean steps here, so it has grown and backed off after overflows (skipped steps)
+    by the snapshot: a resumed run that started from a fresh scaler would skip other steps."""
+    env = {"SCALER_GROWTH_INTERVAL": "3"}
+    unbroken = tmp_path / "unbroken"
+    result = amp_run(text_file, unbroken, nproc, script=AMP_PROBE, env=env, trainer_config__max_epochs=2)
+    assert "; fp16 mixed precision + GradScaler;" in world_line(result)
+    losses = step_losses(unbroken)
+    assert losses[-1] < losses[0] - 0.5, "fp16 did not train"
+    expected = snapshots(unbroken)
+    resume_from = first_snapshot(expected, resume_at)
+    saved = expected[resume_from]
+    assert saved["scaler_state"]["scale"] != INITIAL_SCALE, "the test needs a scale that moved"
+
+    (tmp_path / "resumed").mkdir()
+    shutil.copy(unbroken / resume_from, tmp_path / "resumed" / resume_from)
+    result = amp_run(text_file, tmp_path / "resumed", nproc, script=AMP_PROBE, env=env,
+                     trainer_config__max_epochs=2)
+    where = "" if resume_at == "epoch" else f" (step {saved['step']}, batch {saved['epoch_step']} of epoch 1)"
+    assert f"Resuming training from snapshot at Epoch {saved['finished_epoch']}{where}\n" in result.stdout
+    written = snapshots(tmp_path / "resumed")
+    assert len(written) > 2 and written.keys() <= expected.keys()
+    for name, snapshot in written.items():
+        for key in ("step", "scaler_state", "model_state", "optimizer_state"):
+            assert_same_state(snapshot[key], expected[name][key], f"{name} {key}")
+
+
+def small_trainer(tmp_path, monkeypatch, force_fp16=False):
+    """A Trainer of a tiny model without dropout in a world of one, and a batch of 8 for it."""
+    import trainer as trainer_module
+    from char_dataset import CharDataset
+    from helpers import make_text
+    from model import GPT, GPTConfig, OptimizerConfig
+    from process_group import DistEnv
+
+    if force_fp16:
+        monkeypatch.setattr(trainer_module, "resolve_precision",
+                            lambda use_amp, amp_dtype, device: Precision(device.type, torch.float16))
+    monkeypatch.setattr(trainer_module, "peak_flops", lambda device, dtype: None)  # no MFU needed
+    dataset = CharDataset(make_text(500), 16)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=dataset.vocab_size, block_size=16,
+                          embd_pdrop=0.0, resid_pdrop=0.0, attn_pdrop=0.0))
+    ids = torch.randint(dataset.vocab_size, (8, 17), generator=torch.Generator().manual_seed(0))
+    env = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=CPU, backend="gloo")
+    config = trainer_module.TrainerConfig(batch_size=8, data_loader_workers=0, use_amp=True,
+                                          snapshot_path=str(tmp_path / "s.pt"))
+    trainer = trainer_module.Trainer(config, model, OptimizerConfig(), dataset, None, dataset.vocab, env)
+    return trainer, ids[:, :-1], ids[:, 1:]
+
+
+@needs_native_bf16
+def test_use_amp_computes_in_bf16_on_this_cpu(tmp_path, monkeypatch, world_of_one, one_torch_thread):
+    trainer, inputs, targets = small_trainer(tmp_path, monkeypatch)
+    dtypes = []
+    unwrap(trainer.model).head.register_forward_hook(lambda module, args, output: dtypes.append(output.dtype))
+    trainer.train_step(inputs, targets)
+    assert dtypes == [torch.bfloat16]
+
+
+def test_clipping_sees_the_unscaled_gradient_norm(tmp_path, monkeypatch, world_of_one, one_torch_thread):
+    """Under fp16 the GradScaler multiplies the loss, and so the gradients, by 65,536: the norm
+    clip_grad_norm_ measures must be the true one, the fp32 norm of the same batch's gradients."""
+    import copy
+
+    trainer, inputs, targets = small_trainer(tmp_path, monkeypatch, force_fp16=True)
+    reference = copy.deepcopy(trainer.model)
+    reference(inputs, targets)[1].backward()
+    true_norm = torch.stack([p.grad.norm() for p in reference.parameters()]).norm().item()
+    seen = []
+    clip = torch.nn.utils.clip_grad_norm_
+
+    def recording_clip(*args, **kwargs):
+        norm = clip(*args, **kwargs)
+        seen.append(norm.item())
+        return norm
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", recording_clip)
+    assert trainer.scaler.is_enabled() and trainer.scaler.get_scale() == INITIAL_SCALE
+    trainer.train_step(inputs, targets)
+    assert seen == [pytest.approx(true_norm, rel=0.02)]
+    assert true_norm > trainer.config.grad_norm_clip  # the clip acts on this step

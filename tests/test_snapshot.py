@@ -1,5 +1,6 @@
 import os
 import pickle
+import re
 from dataclasses import asdict
 
 import pytest
@@ -121,6 +122,38 @@ def test_file_store_replaces_its_one_file_and_only_rank_zero_writes(tmp_path, mo
     store.save(*model_and_optimizer, snapshot(step=1), is_main=True)
     store.save(*model_and_optimizer, snapshot(step=2), is_main=True)
     assert os.listdir(tmp_path) == ["snap.pt"] and store.read_latest()[0].step == 2
+
+
+def stepped(model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+    """After one step, so that AdamW holds state (exp_avg, exp_avg_sq) for every parameter."""
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+@pytest.mark.parametrize("alter, reason", [
+    (lambda state: state["model_state"].pop("bias"), "the snapshot lacks bias"),
+    (lambda state: state["model_state"].update(extra=torch.zeros(1)), "the model has no extra"),
+    (lambda state: state["model_state"].update(weight=torch.zeros(3, 2)),
+     "the snapshot's weight is (3, 2), the model's (2, 3)"),
+    (lambda state: state["optimizer_state"]["state"]["bias"].update(exp_avg=torch.zeros(3)),
+     "the snapshot's bias (exp_avg) is (3,), the model's (2,)"),
+])
+def test_tensors_that_do_not_fit_the_model_are_refused_untouched(tmp_path, model_and_optimizer, alter,
+                                                                 reason):
+    model, optimizer = stepped(*model_and_optimizer)
+    store = SnapshotStore(str(tmp_path / "snap.pt"))
+    saved = snapshot()
+    store.save(model, optimizer, saved, is_main=True)
+    assert store.restore(model, optimizer, saved.model_config, saved.vocab)[0].step == saved.step  # fits
+    state = torch.load(store.path, weights_only=True)
+    alter(state)
+    torch.save(state, store.path)
+    before = sha256(tmp_path / "snap.pt")
+    refusal = f"does not fit this model and optimizer (ValueError: {reason})"
+    with pytest.raises(SnapshotError, match=re.escape(refusal)):
+        store.restore(model, optimizer, saved.model_config, saved.vocab)
+    assert sha256(tmp_path / "snap.pt") == before
 
 
 def test_rng_states_and_progress_round_trip(tmp_path):

@@ -1,0 +1,43 @@
+"""Entry point for the tests (alone, or under torchrun): mingpt/main.py with fp16 autocast and a
+GradScaler forced on the CPU, which a CPU never chooses (precision.py) but every CUDA run does.
+
+    [SCALER_GROWTH_INTERVAL=N] [torchrun ...] tests/amp_probe.py [hydra overrides]
+
+Only the choice is forced: with use_amp=True the run trains as a GPU run with amp_dtype=float16
+would, through the real Trainer, its GradScaler and snapshots. SCALER_GROWTH_INTERVAL=N makes the
+loss scale double after N clean steps instead of 2,000, so that a run of a few dozen steps sees
+what a long one does: the scale growing until the fp16 gradients overflow, a skipped step, and the
+scale halved.
+"""
+import os
+import runpy
+import sys
+from pathlib import Path
+
+MINGPT = Path(__file__).resolve().parent.parent / "mingpt"
+sys.path.insert(0, str(MINGPT))
+
+import torch  # noqa: E402
+
+import precision  # noqa: E402
+
+resolve_as_configured = precision.resolve_precision
+
+
+def fp16_with_a_scaler(use_amp: bool, amp_dtype: str, device: torch.device) -> precision.Precision:
+    if not use_amp:
+        return resolve_as_configured(use_amp, amp_dtype, device)
+    return precision.Precision(device.type, torch.float16)
+
+
+class FastGrowingScaler(torch.amp.GradScaler):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs, growth_interval=int(os.environ["SCALER_GROWTH_INTERVAL"]))
+
+
+if __name__ == "__main__":
+    if "SCALER_GROWTH_INTERVAL" in os.environ:
+        torch.amp.GradScaler = FastGrowingScaler  # what parallel.grad_scaler builds
+    # Before main.py imports the Trainer, which takes resolve_precision from this module.
+    precision.resolve_precision = fp16_with_a_scaler
+    runpy.run_path(str(MINGPT / "main.py"), run_name="__main__")
