@@ -363,6 +363,12 @@ class TwoHosts(_StartedAndStopped):
         self.processes.append(process)
         return process
 
+    def remove_host(self, host: int) -> None:
+        """The host goes away at once: SIGKILL to every process in its namespace (torchrun's
+        workers run in sessions of their own, so a process group would miss them)."""
+        for pid in _run(["ip", "netns", "pids", self.netns[host]], check=False).stdout.split():
+            _kill(int(pid))
+
     def stop(self) -> None:
         for process in self.processes:
             if process.poll() is None:

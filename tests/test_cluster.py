@@ -1,5 +1,6 @@
 """Clusters, for real: `sbatch slurm/sbatch_run.sh` on a two-node Slurm, and torchrun across two hosts
-(network namespaces), each surviving the SIGKILL of a training process.
+(network namespaces), each surviving the SIGKILL of a training process; a Slurm job that requeues
+itself at its time-limit warning; an elastic torchrun that loses a host.
 
 The daemons and namespaces come from tests/cluster.py and are stopped by the fixtures, pass or fail.
 Without root or Slurm's packages these tests skip, saying why; .ci/run installs the packages and sets
@@ -9,6 +10,7 @@ import os
 import re
 import signal
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -264,3 +266,45 @@ class TestTwoHosts:
         assert SAVED.findall(after_resume)[-1] == str(two_host_run.max_epochs)
         finished = torch.load(two_host_run.snapshot, weights_only=True)["finished_epoch"]
         assert finished == two_host_run.max_epochs
+
+
+@pytest.fixture(scope="class")
+def elastic_run(text_file, tmp_path_factory) -> TwoHostRun:
+    """`torchrun --nnodes=1:2` on node1 and node2; once a mid-epoch snapshot is written, node2 is
+    removed whole (its agent and worker SIGKILLed): node1 carries on alone from that snapshot."""
+    skip_unless_possible(namespaces_unavailable())
+    root = tmp_path_factory.mktemp("elastic")
+    snapshot = root / "snap.pt"
+    env = {**submitting_environment(), "OMP_NUM_THREADS": "1", "LOGLEVEL": "INFO",
+           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    # A short last call: once node2 is gone, node1 need not wait long for more nodes to join.
+    torchrun = [*TORCHRUN, "--nnodes=1:2", "--nproc_per_node=1", "--rdzv_backend=c10d",
+                f"--rdzv_endpoint={TwoHosts.NAMES[0]}:29500", f"--rdzv_id={uuid.uuid4().hex}",
+                "--rdzv_conf=last_call_timeout=2", "--max-restarts=3", MAIN,
+                *tiny_overrides(text_file, snapshot, trainer_config__save_every_steps=20,
+                                trainer_config__max_epochs=3, trainer_config__log_every=10)]
+    logs = [root / f"{name}.log" for name in TwoHosts.NAMES]
+    with TwoHosts(root) as hosts:
+        agents = [hosts.popen(0, torchrun, logs[0], env)]
+        time.sleep(1)  # node1 hosts the rendezvous: it goes first and is global rank 0
+        agents.append(hosts.popen(1, torchrun, logs[1], env))
+        wait_for(lambda: "Snapshot saved at step 20" in read(logs[0])
+                 or any(a.poll() is not None for a in agents), 240, "a mid-epoch snapshot")
+        assert all(a.poll() is None for a in agents), f"torchrun ended before the kill:\n{read(logs[0])}"
+        hosts.remove_host(1)
+        wait_for(lambda: agents[0].poll() is not None, 300, "node1's torchrun to finish alone")
+        exit_codes = [a.wait() for a in agents]
+    return TwoHostRun([read(log) for log in logs], exit_codes, agents[1].pid, snapshot, max_epochs=3)
+
+
+class TestElastic:
+    def test_a_lost_host_leaves_the_other_training_alone_from_the_exact_sample(self, elastic_run):
+        node1, _ = elastic_run.logs
+        assert elastic_run.exit_codes[0] == 0, node1
+        assert "group_world_size=2" in node1 and "group_world_size=1" in node1, node1
+        after = node1.split("group_world_size=1")[1]
+        match = re.search(r"resumed by 1: epoch 1 continues at sample ([\d,]+)", after)
+        assert match, after
+        step = int(re.search(r"Resuming training from snapshot at Epoch 0 \(step (\d+),", after).group(1))
+        assert step >= 20 and int(match.group(1).replace(",", "")) == step * 32 * 2
+        assert torch.load(elastic_run.snapshot, weights_only=True)["finished_epoch"] == elastic_run.max_epochs
