@@ -1,4 +1,9 @@
-"""Sharded snapshots: each rank writes its shard (torch.distributed.checkpoint); real 2-process runs."""
+"""Sharded snapshots: each rank writes its shard (torch.distributed.checkpoint); real 2-process runs.
+
+The runs go through tests/full_state_probe.py, which writes the full state (gathered from every
+rank) when a snapshot is saved and when one is restored: what was restored is compared, bitwise,
+with what was saved.
+"""
 import os
 import pickle
 import shutil
@@ -6,21 +11,52 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
-from helpers import MINGPT, RunsCode, run_main, sha256, tiny_overrides
+from helpers import MINGPT, REPO, RunsCode, assert_ok, run_main, sha256, tiny_overrides
 from snapshot import read_snapshot
+from state_equality import assert_same_state
 from test_main import one_error_line
-from test_parallel import train
+from test_parallel import train as train_single_file
 
 SHARDED = {"trainer_config__snapshot_format": "sharded"}
+FULL_STATE_PROBE = REPO / "tests" / "full_state_probe.py"
+SAVED_STEP = 85  # one epoch of the tiny run on 2 ranks
+
+
+def train(text_file, folder, method, full_state, epochs=1, nproc=2):
+    """main.py with sharded snapshots in folder; the full state at each save and resume lands in
+    full_state (see tests/full_state_probe.py)."""
+    full_state.mkdir(exist_ok=True)
+    overrides = tiny_overrides(text_file, folder, trainer_config__distributed_method=method,
+                               trainer_config__max_epochs=epochs, **SHARDED)
+    result = run_main(overrides, nproc=nproc if nproc > 1 else None, script=FULL_STATE_PROBE,
+                      env={"FULL_STATE_DIR": str(full_state)})
+    assert_ok(result)
+    return result
+
+
+def full_state(folder, kind, step=SAVED_STEP) -> dict:
+    return torch.load(folder / f"{kind}_{step:09d}.pt", weights_only=True)
 
 
 @pytest.fixture(scope="module")
 def sharded_run(text_file, tmp_path_factory):
-    """A folder of sharded snapshots from one FSDP epoch on 2 ranks."""
-    folder = tmp_path_factory.mktemp("sharded") / "run"
-    train(text_file, folder, "fsdp", **SHARDED)
-    return folder
+    """A folder of sharded snapshots from one FSDP epoch on 2 ranks, and the full state it saved."""
+    root = tmp_path_factory.mktemp("sharded")
+    train(text_file, root / "run", "fsdp", root / "full_state")
+    return root / "run"
+
+
+@pytest.fixture(scope="module")
+def saved(sharded_run):
+    """The full model and optimizer state as it was when the sharded snapshot was saved."""
+    return full_state(sharded_run.parent / "full_state", "saved")
+
+
+def assert_restored(restored, saved):
+    assert_same_state(restored["model"], saved["model"], "model")
+    assert_same_state(restored["optimizer"], saved["optimizer"], "optimizer")
 
 
 def test_each_rank_writes_its_shard_and_rank_zero_completes_it(sharded_run):
@@ -32,25 +68,40 @@ def test_each_rank_writes_its_shard_and_rank_zero_completes_it(sharded_run):
 
 
 @pytest.mark.parametrize("method, nproc", [("fsdp", 2), ("ddp", 1)])
-def test_resumes_at_the_same_and_another_world_size(sharded_run, text_file, tmp_path, method, nproc):
+def test_resumes_the_saved_values_at_the_same_and_another_world_size(sharded_run, saved, text_file, tmp_path,
+                                                                      method, nproc):
     folder = tmp_path / "run"
     shutil.copytree(sharded_run, folder)
-    result = train(text_file, folder, method, epochs=2, nproc=nproc, **SHARDED)
+    result = train(text_file, folder, method, tmp_path / "full_state", epochs=2, nproc=nproc)
     assert "Resuming training from snapshot at Epoch 1" in result.stdout
+    assert_restored(full_state(tmp_path / "full_state", "restored"), saved)
     steps = 85 if nproc == 2 else 169  # the second epoch: 2 ranks or 1 rank of 32-sample batches
     assert (folder / f"sharded_{85 + steps:09d}" / "info.pt").exists()
 
 
-def test_converts_to_a_single_file_that_resumes(sharded_run, text_file, tmp_path):
+def test_an_interrupted_save_is_never_resumed_from(sharded_run, saved, text_file, tmp_path):
+    """A newer folder whose shards were being written (one cut short) and has no info.pt yet."""
+    folder = tmp_path / "run"
+    shutil.copytree(sharded_run, folder)
+    interrupted = folder / "sharded_000000100"
+    shutil.copytree(folder / "sharded_000000085", interrupted, ignore=shutil.ignore_patterns("info.pt"))
+    shard = interrupted / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    result = train(text_file, folder, "ddp", tmp_path / "full_state", nproc=1)  # restores, trains no more
+    assert "Resuming training from snapshot at Epoch 1" in result.stdout
+    assert_restored(full_state(tmp_path / "full_state", "restored"), saved)
+
+
+def test_converts_to_a_single_file_of_the_saved_values_that_resumes(sharded_run, saved, text_file, tmp_path):
     single = tmp_path / "converted.pt"
     newest = sharded_run / "sharded_000000085"
     converted = subprocess.run([sys.executable, MINGPT / "sharded_snapshot.py", newest, single],
                                capture_output=True, text=True)
     assert converted.returncode == 0, converted.stderr
     snapshot = read_snapshot(str(single))
-    assert snapshot.finished_epoch == 1 and "blocks.0.attn.qkv.weight" in snapshot.model_state
-    assert len(snapshot.optimizer_state["state"]) == len(snapshot.model_state)
-    result = train(text_file, single, "ddp", epochs=2)
+    assert snapshot.finished_epoch == 1
+    assert_restored({"model": snapshot.model_state, "optimizer": snapshot.optimizer_state}, saved)
+    result = train_single_file(text_file, single, "ddp", epochs=2)
     assert "Resuming training from snapshot at Epoch 1" in result.stdout
 
 
