@@ -50,7 +50,7 @@ from common import RESULTS, cpu_name, held_state_bytes, peak_memory, reset_peak_
 import torch  # noqa: E402  (common puts mingpt/ on the path first)
 
 from char_dataset import (  # noqa: E402
-    DEFAULT_CORPUS, CharDataset, DataConfig, ensure_default_corpus, read_text, split_dataset)
+    DEFAULT_CORPUS, CharDataset, DataConfig, open_corpus, prepare_corpus, split_dataset)
 from errors import DataError  # noqa: E402
 from flops import gpu_peak_flops, matmul_flops_by_size, model_flops_utilization, wait_for  # noqa: E402
 from logger import configure_logging, log  # noqa: E402
@@ -186,17 +186,20 @@ def best_of(first: dict[str, dict], second: dict[str, dict]) -> dict[str, dict]:
 # ----------------------------------------------------------------------------------- data and model
 
 def load_data(path: Path, block_size: int, env: DistEnv) -> tuple[CharDataset, DataConfig, str]:
-    """The project's dataset over the text at path (the default corpus fetched as main.py fetches it,
-    once per machine), or over synthetic text when there is none."""
+    """The project's dataset over the text at path, as main.py loads it: one process per machine
+    fetches the default corpus if it is missing and makes the token file, then every rank maps it.
+    Synthetic text when there is no text file."""
     config = DataConfig(path=str(path), block_size=block_size)
     if env.is_local_main:
         try:
-            ensure_default_corpus(str(path))
+            prepare_corpus(config)
         except DataError as error:
+            if path.is_file():
+                raise  # the text is there but unusable: the user's to fix, not to paper over
             print(f"WARNING: {error}", file=sys.stderr)
     barrier()
     if path.is_file():
-        return CharDataset(read_text(config), block_size), config, str(path)
+        return open_corpus(config), config, str(path)
     print(f"WARNING: {path} not found; using SYNTHETIC random text. Throughput is comparable, "
           "losses are not.", file=sys.stderr)
     return CharDataset(synthetic_text(1_000_000, SEED), block_size), config, "SYNTHETIC random text"
@@ -522,7 +525,7 @@ def run(args, env: DistEnv, snapshot_dir: str) -> None:
     configure_logging(env.rank)
     log.setLevel(logging.WARNING)  # keep the Trainer's warnings (e.g. AMP ignored), not its chatter
     dataset, data_config, source = load_data(args.data, args.block_size, env)
-    print(f"data: {source} ({len(dataset.data):,} chars, vocab {dataset.vocab_size}); {env.world_size} "
+    print(f"data: {source} ({dataset.num_chars:,} chars, vocab {dataset.vocab_size}); {env.world_size} "
           f"x {env.device}, {torch.get_num_threads()} threads each, batch {args.batch_size} x "
           f"{args.block_size} tokens per rank, {args.warmup} warmup + {args.steps} timed + "
           f"{args.split_steps} split steps")
