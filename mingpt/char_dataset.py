@@ -86,7 +86,7 @@ class CharDataset(Dataset):
         if not whole_text:
             # A truncated text may lack some of the whole text's characters. Its vocabulary is its
             # own (the original's: the characters it trains on), reached through a small table.
-            present = np.flatnonzero(np.bincount(ids, minlength=len(vocab)))
+            present = np.flatnonzero(count_ids(ids, len(vocab)))
             if len(present) < len(vocab):
                 self._id_map = np.full(len(vocab), -1, dtype=np.int64)
                 self._id_map[present] = np.arange(len(present))
@@ -123,6 +123,14 @@ class CharDataset(Dataset):
 
     def decode(self, ids: torch.Tensor) -> str:
         return "".join(self.vocab[i] for i in ids.tolist())
+
+
+def count_ids(ids: np.ndarray, vocab_size: int, chunk: int = 1 << 24) -> np.ndarray:
+    """How often each id occurs, a chunk at a time (bincount copies its input as int64)."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for first in range(0, len(ids), chunk):
+        counts += np.bincount(ids[first:first + chunk], minlength=vocab_size)
+    return counts
 
 
 class Split(Dataset):

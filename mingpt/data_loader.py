@@ -59,9 +59,10 @@ class GlobalOrderSampler(Sampler[torch.Tensor]):
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         order = Permutation(self.num_samples, self.seed + EPOCH_SEED_STRIDE * self.epoch) if self.shuffle else None
-        mine = self.start + self.rank + self.world_size * torch.arange(self.positions_per_rank(self.start))
-        mine = mine % self.pass_length  # the filled-up last round wraps to the pass's start
-        for batch in mine.split(self.batch_size):
+        count = self.positions_per_rank(self.start)
+        for first in range(0, count, self.batch_size):  # a batch at a time: nothing grows with the pass
+            mine = self.start + self.rank + self.world_size * torch.arange(first, min(first + self.batch_size, count))
+            batch = mine % self.pass_length  # the filled-up last round wraps to the pass's start
             yield order(batch) if order is not None else batch
 
 

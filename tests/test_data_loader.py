@@ -87,3 +87,11 @@ def test_the_loader_gathers_whole_batches_of_windows():
     for row, start in enumerate(train.starts(indices).tolist()):
         assert dataset.decode(x[row]) == text[start:start + 8]
         assert dataset.decode(y[row]) == text[start + 1:start + 9]
+
+
+def test_a_pass_over_a_trillion_samples_starts_at_once():
+    """Nothing is built per sample: the first batch of a huge pass costs what any batch costs."""
+    sampler = GlobalOrderSampler(10**12, batch_size=8, env=env(1, 2), shuffle=True, seed=1)
+    sampler.set_epoch(3, start=10**11)
+    batch = next(iter(sampler))
+    assert batch.shape == (8,) and int(batch.max()) < 10**12 and len(sampler) == 56_250_000_000
