@@ -289,6 +289,17 @@ PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE St
         """Run a Slurm command (scancel, scontrol, ...) against this cluster; its output."""
         return _run(list(args), env=self.env).stdout
 
+    def steps_running(self, job_id: str) -> bool:
+        """Whether any slurmstepd of the job (its batch script or a step) is still on a node."""
+        marker = f"slurmstepd: [{job_id}.".encode()
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                if cmdline.read_bytes().startswith(marker):
+                    return True
+            except OSError:
+                continue
+        return False
+
     def training_processes(self, job_id: str, node: str) -> list[int]:
         """PIDs of a job's torchrun workers on a node (workers have RANK set; their agent has not)."""
         return [pid for pid in _pids_with_environment(f"SLURM_CONF={self.conf}", f"SLURM_JOB_ID={job_id}",

@@ -127,8 +127,11 @@ def requeued_job(slurm_cluster, text_file, tmp_path_factory) -> SlurmJob:
     wait_for(lambda: "| Iter 30 |" in read(output), 240, f"training under way in {output}")
     slurm_cluster.command("scancel", "--signal=USR1", "--batch", job_id)
     wait_for(lambda: "requeued; it resumes" in read(output), 120, f"the requeue in {output}")
-    # A requeued job waits for its BeginTime (a delay Slurm adds); let it start now.
-    wait_for(lambda: slurm_cluster.job(job_id)["JobState"] == "PENDING", 60, "the job to be pending again")
+    # Slurm holds a requeued job back for minutes (its BeginTime). Once the first run's steps have
+    # ended on every node (a node refuses to start a job whose old steps are still there), let it
+    # start now.
+    wait_for(lambda: slurm_cluster.job(job_id)["JobState"] == "PENDING" and not slurm_cluster.steps_running(job_id),
+             120, "the first run's steps to end")
     slurm_cluster.command("scontrol", "update", f"JobId={job_id}", "StartTime=now")
     fields = slurm_cluster.wait_job(job_id, timeout=300)
     return SlurmJob(job_id, fields, read(output), snapshot, [])
