@@ -5,7 +5,8 @@ point of training, and the samples each rank trains on recorded.
     RECORD_SAMPLES=DIR python tests/fault_injection.py [hydra overrides]
 
 FAULT is `step:N` (after optimizer step N), `epoch_snapshot:E` (right after the snapshot of epoch
-E) or `eval:E` (as the eval pass of epoch E starts). The kill happens on FAULT_RANK (default 1),
+E), `eval:E` (as the eval pass of epoch E starts) or `snapshot_write:N` (half-way through writing
+the snapshot of step N: give FAULT_RANK=0, the writer). The kill happens on FAULT_RANK (default 1),
 in torchrun's first attempt only, so that the restarted workers can finish. `error:N` raises a
 user-facing error (say, a snapshot store that refused one rank) after step N instead of killing.
 
@@ -52,6 +53,23 @@ def kill_after(method_name: str, should_die, die=die) -> None:
     setattr(Trainer, method_name, wrapped)
 
 
+def die_while_writing(step: int) -> None:
+    """The writer dies half-way through the real write of the step's snapshot (inside
+    snapshot.write_snapshot, whose torch.save call is the one cut short)."""
+    import torch
+
+    original_save = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        if isinstance(obj, dict) and obj.get("step") == step and "model_state" in obj:
+            f.write(b"PK" + bytes(1 << 16))
+            f.flush()
+            die()
+        return original_save(obj, f, *args, **kwargs)
+
+    torch.save = save
+
+
 def plant(fault: str) -> None:
     kind, value = fault.split(":")
     number = int(value)
@@ -61,6 +79,8 @@ def plant(fault: str) -> None:
         kill_after("_save_snapshot", lambda trainer, args: args[0] == f"epoch {number}")
     elif kind == "eval":
         kill_after("evaluate", lambda trainer, args: args[0] == number)
+    elif kind == "snapshot_write":
+        die_while_writing(number)
     elif kind == "error":
         kill_after("_advance", lambda trainer, args: trainer.progress.step == number, die=fail)
     else:

@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
 
+import torch
+
 REPO = Path(__file__).resolve().parent.parent
 MINGPT = REPO / "mingpt"
 MAIN = MINGPT / "main.py"
@@ -129,3 +131,25 @@ def serving(body: bytes) -> Iterator[tuple[str, list]]:
         yield f"http://127.0.0.1:{server.server_port}/input.txt", requests
     finally:
         server.shutdown()
+
+
+def run_with_restarts(text_file, snapshot, fault=None, fault_rank=1, method="ddp"):
+    """Two epochs on 2 ranks under torchrun --max-restarts, a step snapshot every 10 steps, with a
+    fault planted by tests/fault_injection.py (FAULT=...)."""
+    overrides = tiny_overrides(text_file, snapshot, trainer_config__max_epochs=2,
+                               trainer_config__save_every_steps=10, trainer_config__distributed_method=method)
+    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # reliable elastic restarts (notes)
+    if fault:
+        env.update(FAULT=fault, FAULT_RANK=str(fault_rank))
+    result = run([*TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=2",
+                  REPO / "tests" / "fault_injection.py", *overrides], env=env, timeout=300)
+    assert_ok(result)
+    return result
+
+
+def final_state(snapshot) -> dict:
+    """What a snapshot holds that training computed: the weights and AdamW's state (step counts
+    and moments), to compare with tests/state_equality.py."""
+    state = torch.load(snapshot, weights_only=True)
+    assert state["optimizer_state"]["state"], f"{snapshot} holds no optimizer state"
+    return {"model": state["model_state"], "optimizer": state["optimizer_state"]["state"]}

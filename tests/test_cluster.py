@@ -119,8 +119,7 @@ def requeued_job(slurm_cluster, text_file, tmp_path_factory) -> SlurmJob:
     time limit: SIGUSR1 to the batch shell, sent here at once with scancel."""
     submit_dir = tmp_path_factory.mktemp("submit")
     snapshot = submit_dir / "snap.pt"
-    args = ["--cpus-per-task=1", SBATCH_RUN, *tiny_overrides(text_file, snapshot, trainer_config__max_epochs=2,
-                                                              trainer_config__log_every=10)]
+    args = ["--cpus-per-task=1", SBATCH_RUN, *tiny_overrides(text_file, snapshot, trainer_config__log_every=10)]
     env = {**submitting_environment(), "RDZV_PORT": str(free_port()), "REQUEUE": "1"}
     job_id = slurm_cluster.sbatch(args, cwd=submit_dir, env=env)
     output = submit_dir / f"slurm-{job_id}.out"
@@ -130,8 +129,8 @@ def requeued_job(slurm_cluster, text_file, tmp_path_factory) -> SlurmJob:
     # Slurm holds a requeued job back for minutes (its BeginTime). Once the first run's steps have
     # ended on every node (a node refuses to start a job whose old steps are still there), let it
     # start now.
-    wait_for(lambda: slurm_cluster.job(job_id)["JobState"] == "PENDING" and not slurm_cluster.steps_running(job_id),
-             120, "the first run's steps to end")
+    wait_for(lambda: (slurm_cluster.job(job_id)["JobState"] == "PENDING"
+                      and not slurm_cluster.steps_running(job_id)), 120, "the first run's steps to end")
     slurm_cluster.command("scontrol", "update", f"JobId={job_id}", "StartTime=now")
     fields = slurm_cluster.wait_job(job_id, timeout=300)
     return SlurmJob(job_id, fields, read(output), snapshot, [])
@@ -145,7 +144,7 @@ class TestSlurm:
         stopped = re.findall(r"Stopping on SIGTERM: snapshot saved at step (\d+)", job.output)
         assert len(stopped) == 1, job.output
         assert f"Resuming training from snapshot at Epoch 0 (step {stopped[0]}," in job.output
-        assert torch.load(job.snapshot, weights_only=True)["finished_epoch"] == 2
+        assert torch.load(job.snapshot, weights_only=True)["finished_epoch"] == 1
 
 
     def test_sbatch_job_completes_on_two_nodes(self, slurm_job):
@@ -285,7 +284,7 @@ def elastic_run(text_file, tmp_path_factory) -> TwoHostRun:
                 f"--rdzv_endpoint={TwoHosts.NAMES[0]}:29500", f"--rdzv_id={uuid.uuid4().hex}",
                 "--rdzv_conf=last_call_timeout=2", "--max-restarts=3", MAIN,
                 *tiny_overrides(text_file, snapshot, trainer_config__save_every_steps=20,
-                                trainer_config__max_epochs=3, trainer_config__log_every=10)]
+                                trainer_config__max_epochs=2, trainer_config__log_every=10)]
     logs = [root / f"{name}.log" for name in TwoHosts.NAMES]
     with TwoHosts(root) as hosts:
         agents = [hosts.popen(0, torchrun, logs[0], env)]
@@ -297,7 +296,7 @@ def elastic_run(text_file, tmp_path_factory) -> TwoHostRun:
         hosts.remove_host(1)
         wait_for(lambda: agents[0].poll() is not None, 300, "node1's torchrun to finish alone")
         exit_codes = [a.wait() for a in agents]
-    return TwoHostRun([read(log) for log in logs], exit_codes, agents[1].pid, snapshot, max_epochs=3)
+    return TwoHostRun([read(log) for log in logs], exit_codes, agents[1].pid, snapshot, max_epochs=2)
 
 
 class TestElastic:

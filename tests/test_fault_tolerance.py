@@ -12,47 +12,34 @@ import pytest
 import torch
 
 from control import STOP_EXIT_STATUS
-from helpers import MAIN, MINGPT, REPO, TORCHRUN, assert_ok, run, sha256, tiny_overrides
+from helpers import (MAIN, MINGPT, REPO, TORCHRUN, assert_ok, final_state, run, run_with_restarts, sha256,
+                     tiny_overrides)
+from state_equality import assert_same_state
 
 STEPS_PER_EPOCH = 85  # 5,385 train samples / (32 per rank x 2 ranks)
-
-
-def run_with_restarts(text_file, snapshot, fault=None):
-    overrides = tiny_overrides(text_file, snapshot, trainer_config__max_epochs=2,
-                               trainer_config__save_every_steps=10)
-    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # reliable elastic restarts (notes)
-    if fault:
-        env.update(FAULT=fault, FAULT_RANK="1")
-    result = run([*TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=2",
-                  REPO / "tests" / "fault_injection.py", *overrides], env=env, timeout=300)
-    assert_ok(result)
-    return result
-
-
-def final_weights(snapshot):
-    return torch.load(snapshot, weights_only=True)["model_state"]
 
 
 @pytest.fixture(scope="module")
 def unbroken(text_file, tmp_path_factory):
     snapshot = tmp_path_factory.mktemp("unbroken") / "snap.pt"
     run_with_restarts(text_file, snapshot)
-    return final_weights(snapshot)
+    return final_state(snapshot)
 
 
-@pytest.mark.parametrize("fault, resumed_from", [
-    ("step:37", "Resuming training from snapshot at Epoch 0 (step 30, sample 1920 of epoch 1)"),
-    ("epoch_snapshot:1", "Resuming training from snapshot at Epoch 1"),
-    ("eval:1", "Resuming training from snapshot at Epoch 1"),
+@pytest.mark.parametrize("fault, fault_rank, resumed_from", [
+    ("step:37", 1, "Resuming training from snapshot at Epoch 0 (step 30, sample 1920 of epoch 1)"),
+    ("epoch_snapshot:1", 1, "Resuming training from snapshot at Epoch 1"),
+    ("eval:1", 1, "Resuming training from snapshot at Epoch 1"),
+    # The writer itself, half-way through the step-40 snapshot: the one of step 30 is resumed.
+    ("snapshot_write:40", 0, "Resuming training from snapshot at Epoch 0 (step 30, sample 1920 of epoch 1)"),
 ])
-def test_killed_worker_restarts_and_ends_bitwise_equal(text_file, tmp_path, unbroken, fault, resumed_from):
+def test_killed_worker_restarts_and_ends_bitwise_equal(text_file, tmp_path, unbroken, fault, fault_rank,
+                                                       resumed_from):
     snapshot = tmp_path / "snap.pt"
-    result = run_with_restarts(text_file, snapshot, fault)
-    assert "failed (exitcode: -9) local_rank: 1" in result.stderr  # the planted SIGKILL happened
+    result = run_with_restarts(text_file, snapshot, fault, fault_rank)
+    assert f"failed (exitcode: -9) local_rank: {fault_rank}" in result.stderr  # the planted SIGKILL happened
     assert resumed_from in result.stdout
-    weights = final_weights(snapshot)
-    assert weights.keys() == unbroken.keys()
-    assert all(torch.equal(weights[name], unbroken[name]) for name in weights)
+    assert_same_state(final_state(snapshot), unbroken)
 
 
 HANG_MID_SAVE = """
@@ -119,14 +106,14 @@ def stop_with_sigterm(cmd: list, env: dict) -> tuple[int, str]:
 
 
 def one_process_overrides(text_file, snapshot):
-    return tiny_overrides(text_file, snapshot, trainer_config__max_epochs=2)
+    return tiny_overrides(text_file, snapshot)
 
 
 @pytest.fixture(scope="module")
 def unbroken_one_process(text_file, tmp_path_factory):
     snapshot = tmp_path_factory.mktemp("unbroken1") / "snap.pt"
     assert_ok(run([sys.executable, MAIN, *one_process_overrides(text_file, snapshot)]))
-    return final_weights(snapshot)
+    return final_state(snapshot)
 
 
 def assert_stopped_and_saved(output: str, snapshot) -> int:
@@ -147,8 +134,7 @@ def test_sigterm_stops_one_process_with_a_snapshot_and_resumes_exactly(text_file
     resumed = run([sys.executable, MAIN, *overrides])
     assert_ok(resumed)
     assert f"(step {step}, sample {step * 32} of epoch 1)" in resumed.stdout
-    weights = final_weights(snapshot)
-    assert all(torch.equal(weights[name], unbroken_one_process[name]) for name in weights)
+    assert_same_state(final_state(snapshot), unbroken_one_process)
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "launch.py"])
@@ -170,8 +156,7 @@ def test_sigterm_to_the_launcher_stops_every_rank_at_one_step_and_resumes_exactl
     resumed = run([*TORCHRUN, "--standalone", "--nproc_per_node=2", MAIN, *overrides])
     assert_ok(resumed)
     assert f"Resuming training from snapshot at Epoch 0 (step {step}," in resumed.stdout
-    weights = final_weights(snapshot)
-    assert all(torch.equal(weights[name], unbroken[name]) for name in weights)
+    assert_same_state(final_state(snapshot), unbroken)
 
 
 def trained_samples(folder) -> dict[int, list[int]]:
