@@ -58,11 +58,12 @@ class GlobalOrderSampler(Sampler[torch.Tensor]):
         return self.batches(self.start)
 
     def __iter__(self) -> Iterator[torch.Tensor]:
-        order = Permutation(self.num_samples, self.seed + EPOCH_SEED_STRIDE * self.epoch) if self.shuffle else None
+        seed = self.seed + EPOCH_SEED_STRIDE * self.epoch
+        order = Permutation(self.num_samples, seed) if self.shuffle else None
         count = self.positions_per_rank(self.start)
         for first in range(0, count, self.batch_size):  # a batch at a time: nothing grows with the pass
-            mine = self.start + self.rank + self.world_size * torch.arange(first, min(first + self.batch_size, count))
-            batch = mine % self.pass_length  # the filled-up last round wraps to the pass's start
+            nth = torch.arange(first, min(first + self.batch_size, count))  # this rank's nth positions
+            batch = (self.start + self.rank + self.world_size * nth) % self.pass_length  # last round wraps
             yield order(batch) if order is not None else batch
 
 

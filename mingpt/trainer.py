@@ -241,7 +241,8 @@ class Trainer:
         if self.config.max_steps:
             return self.config.max_steps
         in_epoch = self.progress.finished_epoch < self.config.max_epochs
-        rest_of_epoch = self.train_loader.sampler.batches(start=self.progress.epoch_samples) if in_epoch else 0
+        sampler = self.train_loader.sampler
+        rest_of_epoch = sampler.batches(start=self.progress.epoch_samples) if in_epoch else 0
         later_epochs = max(self.config.max_epochs - self.progress.finished_epoch - 1, 0)
         return self.progress.step + rest_of_epoch + later_epochs * self.steps_per_epoch
 

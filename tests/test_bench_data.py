@@ -25,7 +25,8 @@ def test_reports_preparation_startup_memory_per_rank_and_loader_speed(tmp_path):
     assert prepare["up_to_date"]["output"].startswith("up to date")
 
     startup = figures["startup"]
-    assert 0 < startup["data_loaded_s"] < startup["trainer_built_s"] < startup["first_step_s"] < startup["total_s"]
+    assert (0 < startup["data_loaded_s"] < startup["trainer_built_s"] < startup["first_step_s"]
+            < startup["total_s"])
 
     memory = figures["memory"]
     for text in ("big", "small"):
@@ -34,7 +35,8 @@ def test_reports_preparation_startup_memory_per_rank_and_loader_speed(tmp_path):
         for rank in ranks.values():
             assert 0 < rank["uss"] <= rank["rss"] and 0 < rank["pss"] <= rank["rss"]
             # Each field is its own maximum over the samples: USS is Private_Clean + Private_Dirty of one.
-            assert rank["private_dirty"] <= rank["uss"] <= rank["private_clean"] + rank["private_dirty"] + 1e-6
+            private = rank["private_clean"] + rank["private_dirty"]
+            assert rank["private_dirty"] <= rank["uss"] <= private + 1e-6
         assert set(memory[text]["ranks_training"]) == {"0", "1"}  # sampled after the first step too
     assert set(memory["extra_uss_mb"]) == {"0", "1"}
     assert all(abs(extra) < 300 for extra in memory["extra_uss_mb"].values())  # 1 MB vs 0.2 MB of text

@@ -119,7 +119,8 @@ def requeued_job(slurm_cluster, text_file, tmp_path_factory) -> SlurmJob:
     time limit: SIGUSR1 to the batch shell, sent here at once with scancel."""
     submit_dir = tmp_path_factory.mktemp("submit")
     snapshot = submit_dir / "snap.pt"
-    args = ["--cpus-per-task=1", SBATCH_RUN, *tiny_overrides(text_file, snapshot, trainer_config__log_every=10)]
+    args = ["--cpus-per-task=1", SBATCH_RUN,
+            *tiny_overrides(text_file, snapshot, trainer_config__log_every=10)]
     env = {**submitting_environment(), "RDZV_PORT": str(free_port()), "REQUEUE": "1"}
     job_id = slurm_cluster.sbatch(args, cwd=submit_dir, env=env)
     output = submit_dir / f"slurm-{job_id}.out"

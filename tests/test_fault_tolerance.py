@@ -138,8 +138,8 @@ def test_sigterm_stops_one_process_with_a_snapshot_and_resumes_exactly(text_file
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "launch.py"])
-def test_sigterm_to_the_launcher_stops_every_rank_at_one_step_and_resumes_exactly(text_file, tmp_path, unbroken,
-                                                                                launcher):
+def test_sigterm_to_the_launcher_stops_every_rank_at_one_step_and_resumes_exactly(text_file, tmp_path,
+                                                                                unbroken, launcher):
     snapshot = tmp_path / "snap.pt"
     overrides = tiny_overrides(text_file, snapshot, trainer_config__max_epochs=2,
                                trainer_config__save_every_steps=10)
@@ -179,7 +179,8 @@ def test_a_mid_epoch_snapshot_resumed_at_another_world_size_trains_each_sample_o
                 env={"RECORD_SAMPLES": str(record)})
     assert_ok(first)
     assert "Snapshot saved at step 30 (the last)" in first.stdout
-    second = run([sys.executable, entry, *tiny_overrides(text_file, snapshot)], env={"RECORD_SAMPLES": str(record)})
+    second = run([sys.executable, entry, *tiny_overrides(text_file, snapshot)],
+                 env={"RECORD_SAMPLES": str(record)})
     assert_ok(second)
     assert "resumed by 1: epoch 1 continues at sample 1,920" in second.stderr + second.stdout
     samples = trained_samples(record)[1]

@@ -154,7 +154,8 @@ def test_fp16_with_a_grad_scaler_trains_and_resumes_bitwise(text_file, tmp_path,
     shutil.copy(unbroken / resume_from, tmp_path / "resumed" / resume_from)
     result = amp_run(text_file, tmp_path / "resumed", nproc, script=AMP_PROBE, env=env,
                      trainer_config__max_epochs=2)
-    where = "" if resume_at == "epoch" else f" (step {saved['step']}, sample {saved['epoch_samples']} of epoch 1)"
+    where = ("" if resume_at == "epoch"
+             else f" (step {saved['step']}, sample {saved['epoch_samples']} of epoch 1)")
     assert f"Resuming training from snapshot at Epoch {saved['finished_epoch']}{where}\n" in result.stdout
     written = snapshots(tmp_path / "resumed")
     assert len(written) > 2 and written.keys() <= expected.keys()

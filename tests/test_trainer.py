@@ -102,8 +102,9 @@ def test_evaluation_every_n_steps_on_a_fixed_subset(text_file, tmp_path):
 def test_snapshots_every_n_minutes_keep_their_cadence(text_file, tmp_path):
     folder = tmp_path / "snaps"
     interval_s = 1.5
-    result = run_main(tiny_overrides(text_file, folder, trainer_config__max_epochs=3, trainer_config__keep_last=100,
-                                     trainer_config__save_every=100, trainer_config__log_every=1000,
+    result = run_main(tiny_overrides(text_file, folder, trainer_config__max_epochs=3,
+                                     trainer_config__keep_last=100, trainer_config__save_every=100,
+                                     trainer_config__log_every=1000,
                                      trainer_config__save_every_minutes=interval_s / 60))
     assert_ok(result)
     timed = re.findall(r"Snapshot saved at step (\d+) \(0.025 minutes since the last\)", result.stdout)
