@@ -11,7 +11,6 @@ import tempfile
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import Optional
 
 import numpy as np

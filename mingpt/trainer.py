@@ -253,6 +253,7 @@ class Trainer:
             yield agreement
         finally:
             agreement.close()
+            self.agreement = None  # its group and signal handlers are gone: saves after train() go without it
 
     def _dataloader(self, dataset: Dataset, batch_size: int, shuffle: bool, limit: Optional[int] = None):
         return make_dataloader(dataset, batch_size, self.config.data_loader_workers,

@@ -109,7 +109,8 @@ def test_snapshots_every_n_minutes_keep_their_cadence(text_file, tmp_path):
     assert_ok(result)
     timed = re.findall(r"Snapshot saved at step (\d+) \(0.025 minutes since the last\)", result.stdout)
     saved = sorted(folder.glob("snapshot_*.pt"), key=lambda p: p.stat().st_mtime)
-    assert len(timed) >= 2 and len(saved) == len(timed)
+    assert len(timed) >= 2 and len(saved) == len(timed), result.stdout
     gaps = [later.stat().st_mtime - earlier.stat().st_mtime for earlier, later in zip(saved, saved[1:])]
     assert all(gap > interval_s * 0.9 for gap in gaps), gaps
-    assert sorted(gaps)[len(gaps) // 2] < interval_s + 1.0, gaps  # a save no later than about a step after
+    # Due one interval after the last, a save comes about a step later (a stalled machine may delay one).
+    assert min(gaps) < interval_s + 1.0, gaps
