@@ -2,14 +2,17 @@
 
     python mingpt/plot_metrics.py gpt_snapshot.metrics.jsonl -o loss.png
     python plot_metrics.py s3://bucket/gpt_snapshot.metrics.jsonl -o s3://bucket/loss.png  # any fsspec URL
+    python plot_metrics.py fp32.metrics.jsonl bf16.metrics.jsonl --label fp32 --label bf16 -o cmp.png
 
 Train loss per step (faint) with a smoothed line over it, and eval loss per epoch (markers), against
 the number of training tokens seen, so that runs of different batch sizes or world sizes line up.
+Several metrics files draw several runs on one set of axes, one colour per run, to compare them.
 The metrics file is the one training writes beside the snapshot (see metrics.py). Runs headless.
 """
 import argparse
 import posixpath
 import sys
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import fsspec
@@ -63,18 +66,39 @@ def smoothing_window(n_points: int) -> int:
     return max(1, min(SMOOTHING_WINDOW, n_points // 10))
 
 
+@dataclass
+class Run:
+    """One metrics file's lines, and its name in the legend."""
+
+    label: str
+    train: list[dict[str, Any]]
+    evals: list[dict[str, Any]]
+
+
 def plot_losses(train: list[dict[str, Any]], evals: list[dict[str, Any]], title: str) -> Figure:
-    """A figure of train (per step) and eval (per epoch) loss against tokens seen."""
+    """A figure of one run's train (per step) and eval (per epoch) loss against tokens seen."""
+    return plot_runs([Run("", train, evals)], title)
+
+
+def plot_runs(runs: list[Run], title: str) -> Figure:
+    """A figure of every run's loss curves; one run gets two colours (train, eval), several get one
+    colour each, with the eval points dashed between markers."""
     fig, ax = plt.subplots(figsize=FIGURE_INCHES, dpi=DPI, layout="constrained")
-    if train:
-        tokens = [line["tokens"] for line in train]
-        losses = [line["loss"] for line in train]
-        ax.plot(tokens, losses, color="tab:blue", alpha=0.3, linewidth=0.8, label="train loss (per step)")
-        ax.plot(tokens, smooth(losses, smoothing_window(len(losses))), color="tab:blue", linewidth=2,
-                label="train loss (smoothed)")
-    if evals:
-        ax.plot([line["tokens"] for line in evals], [line["loss"] for line in evals], color="tab:orange",
-                marker="o", linewidth=1.5, label="eval loss (per epoch)")
+    for index, run in enumerate(runs):
+        single = len(runs) == 1
+        train_colour, eval_colour = ("tab:blue", "tab:orange") if single else (f"C{index}", f"C{index}")
+        name = f"{run.label} " if run.label else ""
+        if run.train:
+            tokens = [line["tokens"] for line in run.train]
+            losses = [line["loss"] for line in run.train]
+            ax.plot(tokens, losses, color=train_colour, alpha=0.3 if single else 0.15, linewidth=0.8,
+                    label=f"{name}train loss (per step)")
+            ax.plot(tokens, smooth(losses, smoothing_window(len(losses))), color=train_colour, linewidth=2,
+                    label=f"{name}train loss (smoothed)")
+        if run.evals:
+            ax.plot([line["tokens"] for line in run.evals], [line["loss"] for line in run.evals],
+                    color=eval_colour, marker="o", linewidth=1.5, linestyle="-" if single else "--",
+                    label=f"{name}eval loss (per epoch)" if single else f"{name}eval loss")
     ax.set_xlabel("tokens seen in training")
     ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 500k, 1M, rather than an offset like 1e6
     ax.set_ylabel("cross-entropy loss (nats per character)")
@@ -109,13 +133,24 @@ def write_png(fig: Figure, output: str) -> None:
         plt.close(fig)
 
 
-def default_title(path: str) -> str:
-    return f"minGPT-DDP training loss: {posixpath.basename(path.rstrip('/'))}"  # URLs too: '/'-separated
+def run_name(path: str) -> str:
+    """A metrics file's name without its folder and suffix: `runs/bf16.metrics.jsonl` -> `bf16`."""
+    name = posixpath.basename(path.rstrip("/"))  # URLs too: '/'-separated
+    for suffix in (".jsonl", ".metrics"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+def default_title(paths: list[str]) -> str:
+    return f"minGPT-DDP training loss: {', '.join(posixpath.basename(p.rstrip('/')) for p in paths)}"
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
-    parser = OneLineArgumentParser(description="Plot train and eval loss from a metrics file.")
-    parser.add_argument("metrics", help="metrics file written beside the snapshot (local path or fsspec URL)")
+    parser = OneLineArgumentParser(description="Plot train and eval loss from metrics files.")
+    parser.add_argument("metrics", nargs="+",
+                        help="metrics file(s) written beside the snapshot (local paths or fsspec URLs)")
+    parser.add_argument("--label", action="append", default=None,
+                        help="a run's name in the legend, once per metrics file (default: the file's name)")
     parser.add_argument("-o", "--output", default="loss.png",
                         help="PNG to write, a local path or fsspec URL (default loss.png)")
     parser.add_argument("--title", default=None, help="plot title (default: the metrics file's name)")
@@ -125,12 +160,23 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 def main(argv: Optional[list[str]] = None) -> None:
     try:
         args = parse_args(argv)
-        train, evals = load_lines(args.metrics)
-        write_png(plot_losses(train, evals, args.title or default_title(args.metrics)), args.output)
+        runs = load_runs(args.metrics, args.label)
+        write_png(plot_runs(runs, args.title or default_title(args.metrics)), args.output)
     except MinGPTError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         sys.exit(1)
-    print(f"wrote {args.output} ({len(train)} train steps, {len(evals)} eval passes)")
+    counts = "; ".join(f"{len(run.train)} train steps, {len(run.evals)} eval passes" for run in runs)
+    print(f"wrote {args.output} ({counts})")
+
+
+def load_runs(paths: list[str], labels: Optional[list[str]]) -> list[Run]:
+    """Every metrics file's lines; a single file needs no label."""
+    if labels is not None and len(labels) != len(paths):
+        raise MinGPTError(f"--label: {len(labels)} label(s) for {len(paths)} metrics file(s); "
+                          "give one per file or none")
+    if labels is None:
+        labels = [""] if len(paths) == 1 else [run_name(path) for path in paths]
+    return [Run(label, *load_lines(path)) for label, path in zip(labels, paths)]
 
 
 if __name__ == "__main__":

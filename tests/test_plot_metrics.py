@@ -117,3 +117,24 @@ def test_an_unwritable_output_is_one_line(metrics_file, tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     assert "-o: cannot write" in run_and_fail(capsys, metrics_file, "-o", blocker / "loss.png")
+
+
+def test_several_runs_share_the_axes_one_colour_each(metrics_file, tmp_path):
+    other = tmp_path / "bf16.metrics.jsonl"
+    other.write_text(metrics_file.read_text().replace('"loss": 1', '"loss": 2'))
+    runs = plot_metrics.load_runs([str(metrics_file), str(other)], ["fp32", "bf16"])
+    ax = plot_metrics.plot_runs(runs, "compare").axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    expected = {f"{run} {curve}" for run in ("fp32", "bf16") for curve in ("train loss (smoothed)", "eval loss")}
+    assert expected <= set(lines)
+    assert lines["fp32 eval loss"].get_color() == lines["fp32 train loss (smoothed)"].get_color()
+    assert lines["fp32 eval loss"].get_color() != lines["bf16 eval loss"].get_color()
+    assert list(lines["bf16 eval loss"].get_xdata()) == [150 * TOKENS_PER_STEP, 300 * TOKENS_PER_STEP]
+    # Without labels each run is named by its file.
+    names = [run.label for run in plot_metrics.load_runs([str(metrics_file), str(other)], None)]
+    assert names == ["gpt_snapshot", "bf16"]
+
+
+def test_a_label_count_that_does_not_match_the_files_is_one_line(metrics_file, tmp_path, capsys):
+    line = run_and_fail(capsys, metrics_file, metrics_file, "--label", "only-one", "-o", tmp_path / "x.png")
+    assert line.startswith("error: --label: 1 label(s) for 2 metrics file(s)")
