@@ -333,24 +333,32 @@ class HsdpChain:
     hsdp_step: int  # where the HSDP run's snapshot stands
     snapshot: Path  # the single-file snapshot of the first two hops
     sharded: Path  # the sharded snapshots: HSDP's, then DDP's
-    shards: list[dict]  # what each HSDP rank held at the end (tests/hsdp_main.py), by global rank
+    recorded: Path  # what each HSDP rank held after each load and at the end (tests/hsdp_main.py)
+
+    @property
+    def shards(self) -> list[dict]:
+        """What each HSDP rank held at the end, by global rank."""
+        files = [self.recorded / f"rank{rank}.pt" for rank in range(4)]
+        return [torch.load(file, weights_only=True) for file in files if file.exists()]
 
 
 @pytest.fixture(scope="class")
 def hsdp_chain(text_file, tmp_path_factory) -> HsdpChain:
-    """fsdp -> hsdp -> ddp, each resuming the snapshot of the one before.
+    """fsdp -> hsdp -> ddp, each resuming the snapshot of the one before, every snapshot written both
+    as a single file and sharded (tests/hsdp_main.py).
 
-    fsdp: 2 ranks on this host, 10 steps, a single-file snapshot. hsdp: node1 and node2 with 2 ranks
-    each, a 2 x 2 mesh, resuming that snapshot mid-epoch and finishing the epoch (bf16, CPU offload
-    and 2-micro-batch accumulation on: FSDP's paths, on a 2-D mesh); every snapshot also written
-    sharded, and each rank's shards recorded (tests/hsdp_main.py). ddp: 2 ranks on this host,
-    resuming HSDP's sharded snapshot for 5 more steps."""
+    fsdp: 2 ranks on this host, 10 steps. hsdp: node1 and node2 with 2 ranks each, a 2 x 2 mesh,
+    loading FSDP's sharded snapshot and then its single file (recording what each left on every
+    rank), finishing the epoch with bf16, CPU offload and 2-micro-batch accumulation (FSDP's paths,
+    on a 2-D mesh), and recording each rank's shards at the end. ddp: 2 ranks on this host, resuming
+    HSDP's sharded snapshot for 5 more steps."""
     skip_unless_possible(namespaces_unavailable())
     root = tmp_path_factory.mktemp("hsdp")
     snapshot, sharded, shards = root / "chain.pt", root / "sharded", root / "shards"
     shards.mkdir()
     fsdp = run_main(tiny_overrides(text_file, snapshot, trainer_config__distributed_method="fsdp",
-                                   trainer_config__max_steps=FSDP_STEPS), nproc=2)
+                                   trainer_config__max_steps=FSDP_STEPS),
+                    nproc=2, script=HSDP_MAIN, env={"ALSO_SHARDED": str(sharded)})
     assert_ok(fsdp)
     env = {**submitting_environment(), "OMP_NUM_THREADS": "1", "ALSO_SHARDED": str(sharded),
            "SHARDS_DIR": str(shards)}
@@ -368,10 +376,8 @@ def hsdp_chain(text_file, tmp_path_factory) -> HsdpChain:
     ddp = run_main(tiny_overrides(text_file, sharded, trainer_config__distributed_method="ddp",
                                   trainer_config__snapshot_format="sharded",
                                   trainer_config__max_steps=hsdp_step + DDP_STEPS), nproc=2)
-    recorded = [torch.load(shards / f"rank{rank}.pt", weights_only=True) for rank in range(4)
-                if (shards / f"rank{rank}.pt").exists()]
     return HsdpChain(fsdp.stdout + fsdp.stderr, [read(log) for log in logs], ddp.stdout + ddp.stderr,
-                     [a.returncode for a in agents], hsdp_step, snapshot, sharded, recorded)
+                     [a.returncode for a in agents], hsdp_step, snapshot, sharded, shards)
 
 
 class TestHsdp:
@@ -391,6 +397,7 @@ class TestHsdp:
         """Local rank r of node1 and of node2 hold the same shard, equal to the last bit after training:
         the gradients were all-reduced across the hosts."""
         ranks = hsdp_chain.shards
+        assert len(ranks) == 4, f"not every rank recorded its shards:\n{hsdp_chain.hsdp[0]}"
         for local_rank in (0, 1):
             node1, node2 = ranks[local_rank]["shards"], ranks[local_rank + 2]["shards"]
             assert_same_state(node2, node1, f"local rank {local_rank}'s shards")
@@ -414,6 +421,15 @@ class TestHsdp:
         ddp_losses = [line["loss"] for line in read_metrics(f"{hsdp_chain.sharded}/metrics.jsonl", "train")]
         assert len(ddp_losses) == DDP_STEPS
         assert max(ddp_losses) < hsdp_start - 0.5, "DDP did not resume from HSDP's weights"
+
+    def test_hsdp_loads_fsdps_sharded_snapshot_as_it_loads_the_single_file(self, hsdp_chain):
+        """DCP reshards FSDP's 1-D shards onto the 2 x 2 mesh: every rank, on either host, holds what
+        the full-state restore of the same step gives it, weights and AdamW state, to the bit."""
+        for rank in range(4):
+            from_sharded, from_single = (torch.load(hsdp_chain.recorded / f"restored_{kind}_rank{rank}.pt",
+                                                    weights_only=True) for kind in ("sharded", "single"))
+            assert from_single["optimizer"], "the single file restored no optimizer state"
+            assert_same_state(from_sharded, from_single, f"rank {rank}")
 
     def test_hsdp_sharded_snapshot_holds_what_its_single_file_holds(self, hsdp_chain, tmp_path):
         """The same state, saved by DCP shard by shard from the 2-D mesh and gathered into one file."""
