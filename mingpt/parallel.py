@@ -5,6 +5,10 @@
   1/world of every parameter, gradient and optimizer state, and gathers a block's parameters only
   while it computes with them. Mixed precision is FSDP's own policy (parameters cast for compute,
   gradients reduced in fp32), so no autocast is needed around the forward pass.
+- hsdp: the same, on a 2-D mesh (nodes x ranks per node): each node holds one sharded copy, so
+  a rank holds 1/ranks-per-node; the all-gathers and reduce-scatters stay within a node, and only
+  an all-reduce of each gradient shard crosses nodes. Everything else is as for fsdp: the sharded
+  methods (SHARDED_METHODS, is_sharded) share one code path.
 
 Full state dicts go through torch.distributed.checkpoint's state_dict API for every method, so a
 snapshot holds the same thing whoever wrote it: unprefixed parameter names, and optimizer state
@@ -24,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -35,10 +39,14 @@ from torch.distributed.fsdp import (
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from errors import check
 from precision import Precision
-from process_group import DistEnv
+from process_group import DistEnv, all_gather_objects
 
-METHODS = ("ddp", "fsdp")
+METHODS = ("ddp", "fsdp", "hsdp")
+SHARDED_METHODS = ("fsdp", "hsdp")
+"""The methods that shard parameters, gradients and optimizer state with FSDP2 (fully_shard)."""
+HSDP_MESH_DIMS = ("replicate", "shard")  # across nodes, within a node
 
 _GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)
 _RESTORE = StateDictOptions(full_state_dict=True)
@@ -47,9 +55,9 @@ _RESTORE = StateDictOptions(full_state_dict=True)
 @dataclass(frozen=True)
 class Parallelism:
     method: str
-    """ddp or fsdp."""
+    """ddp, fsdp or hsdp."""
     cpu_offload: bool = False
-    """fsdp only: parameters, gradients and optimizer state live in CPU memory."""
+    """Sharded methods only: parameters, gradients and optimizer state live in CPU memory."""
 
 
 def parallelize(model: nn.Module, parallelism: Parallelism, precision: Precision, env: DistEnv,
@@ -61,11 +69,11 @@ def parallelize(model: nn.Module, parallelism: Parallelism, precision: Precision
     transformer block under FSDP, before it is sharded, so that FSDP's all-gather and reduce-scatter
     hooks run around compiled blocks rather than inside one compiled graph.
     """
-    if parallelism.method == "fsdp":
+    if parallelism.method in SHARDED_METHODS:
         if compile:
             for block in model.blocks:
                 block.compile()
-        return _shard(model, parallelism.cpu_offload, precision, env)
+        return _shard(model, parallelism.method, parallelism.cpu_offload, precision, env)
     if compile:
         model.compile()
     model = model.to(env.device)
@@ -74,8 +82,8 @@ def parallelize(model: nn.Module, parallelism: Parallelism, precision: Precision
     return DDP(model, device_ids=[env.device] if env.device.type == "cuda" else None)
 
 
-def _shard(model: nn.Module, cpu_offload: bool, precision: Precision, env: DistEnv) -> nn.Module:
-    mesh = init_device_mesh(env.device.type, (env.world_size,))
+def _shard(model: nn.Module, method: str, cpu_offload: bool, precision: Precision, env: DistEnv) -> nn.Module:
+    mesh = sharding_mesh(method, env)
     mixed_precision = MixedPrecisionPolicy(param_dtype=precision.amp_dtype, reduce_dtype=torch.float32)
     # Pinned host memory needs an accelerator; on a CPU-only machine plain memory is the only kind.
     offload = CPUOffloadPolicy(pin_memory=env.device.type == "cuda") if cpu_offload else OffloadPolicy()
@@ -87,30 +95,59 @@ def _shard(model: nn.Module, cpu_offload: bool, precision: Precision, env: DistE
     return model
 
 
+def sharding_mesh(method: str, env: DistEnv) -> DeviceMesh:
+    """The ranks fully_shard spreads the model over. fsdp: all of them, in one dimension. hsdp:
+    one row per node (torchrun numbers each node's ranks consecutively); given a 2-D mesh,
+    fully_shard shards along each row and replicates down the columns."""
+    if method == "fsdp":
+        return init_device_mesh(env.device.type, (env.world_size,))
+    # Every rank learns every node's size (one small all-gather), so that all refuse alike.
+    check_nodes_for_hsdp(all_gather_objects(env.local_world_size))
+    return init_device_mesh(env.device.type, (env.num_nodes, env.local_world_size),
+                            mesh_dim_names=HSDP_MESH_DIMS)
+
+
+def check_nodes_for_hsdp(ranks_per_node: list[int]) -> None:
+    """HSDP needs two or more nodes with as many ranks each: a rectangle of ranks.
+
+    ranks_per_node: for each rank, the number of ranks on its node (its LOCAL_WORLD_SIZE)."""
+    key = "trainer_config.distributed_method"
+    sizes = sorted(set(ranks_per_node))
+    check(len(sizes) == 1, key, f"hsdp needs the same number of ranks on every node, got nodes of "
+          f"{' and '.join(map(str, sizes))} ranks; start as many on each (torchrun --nproc_per_node)")
+    check(len(ranks_per_node) > sizes[0], key, "hsdp shards within a node and replicates across nodes, "
+          "and this run has one node; on one node use fsdp")
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether parallelize() sharded the model with FSDP2: fsdp and hsdp alike."""
+    return isinstance(model, FSDPModule)
+
+
 def computes_in_precision(model: nn.Module) -> bool:
     """True when the wrapper casts for compute itself (FSDP's policy), so autocast must stay off."""
-    return isinstance(model, FSDPModule)
+    return is_sharded(model)
 
 
 def grad_scaler(model: nn.Module, precision: Precision, env: DistEnv) -> torch.amp.GradScaler:
     """A loss scaler that is a no-op unless fp16 needs it.
 
-    Under FSDP each rank sees only its shard of the gradients, so an overflow on one rank must skip
-    the step on all of them: ShardedGradScaler all-reduces the overflow flag.
+    Under FSDP (and HSDP) each rank sees only its shard of the gradients, so an overflow on one rank
+    must skip the step on all of them: ShardedGradScaler all-reduces the overflow flag over the world.
     """
-    if isinstance(model, FSDPModule) and precision.needs_grad_scaler:
+    if is_sharded(model) and precision.needs_grad_scaler:
         return ShardedGradScaler(env.device.type, process_group=dist.group.WORLD)
     return torch.amp.GradScaler(env.device.type, enabled=precision.needs_grad_scaler)
 
 
 def gradient_sync(model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
-    """Skip the gradient all-reduce (DDP) or reduce-scatter (FSDP) on accumulation micro-batches:
-    gradients are then only synchronised once, on the last micro-batch of a step."""
+    """Skip the gradient all-reduce (DDP), reduce-scatter (FSDP) or both (HSDP) on accumulation
+    micro-batches: gradients are then only synchronised once, on the last micro-batch of a step."""
     if enabled:
         return contextlib.nullcontext()
     if isinstance(model, DDP):
         return model.no_sync()
-    if isinstance(model, FSDPModule):
+    if is_sharded(model):
         return _fsdp_no_sync(model)
     return contextlib.nullcontext()
 
@@ -126,7 +163,7 @@ def _fsdp_no_sync(model: FSDPModule):
 
 def fused_optimizer_allowed(model: nn.Module, precision: Precision) -> bool:
     """Not with FSDP's fp16 scaler: its overflow flag has a shape the fused AdamW kernel refuses."""
-    return not (isinstance(model, FSDPModule) and precision.needs_grad_scaler)
+    return not (is_sharded(model) and precision.needs_grad_scaler)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -135,7 +172,7 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def local_bytes(tensors) -> int:
-    """Bytes of the tensors this rank holds: a sharded (FSDP) tensor counts its local shard only."""
+    """Bytes of the tensors this rank holds: a sharded (FSDP, HSDP) tensor counts its local shard only."""
     total = 0
     for tensor in tensors:
         local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
@@ -144,7 +181,8 @@ def local_bytes(tensors) -> int:
 
 
 def local_parameter_bytes(model: nn.Module) -> int:
-    """Bytes of parameters this rank holds: the whole model under DDP, its shards under FSDP."""
+    """Bytes of parameters this rank holds: the whole model under DDP, its shards under FSDP
+    (1/world) and HSDP (1/ranks per node)."""
     return local_bytes(model.parameters())
 
 

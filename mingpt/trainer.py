@@ -30,6 +30,7 @@ from model import OptimizerConfig, create_optimizer, learning_rate_at
 from monitor import TrainingMonitor
 from parallel import (
     METHODS,
+    SHARDED_METHODS,
     Parallelism,
     computes_in_precision,
     fused_optimizer_allowed,
@@ -87,9 +88,10 @@ class TrainerConfig:
     amp_dtype: str = "float16"
     """On CUDA: float16 (with a GradScaler, the original's) or bfloat16. CPUs use bfloat16."""
     distributed_method: str = "ddp"
-    """ddp or fsdp."""
+    """ddp (a whole model per rank), fsdp (sharded over all ranks) or hsdp (sharded within each
+    node, replicated across nodes; needs 2 or more nodes with as many ranks each)."""
     cpu_offload: bool = False
-    """FSDP only: keep parameters (and optimizer state) in CPU memory."""
+    """fsdp or hsdp only: keep parameters (and optimizer state) in CPU memory."""
     seed: int = 1337
     """Seeds model init, the train/test split, shuffling, and dropout (per rank and epoch)."""
     log_every: int = 100
@@ -124,8 +126,9 @@ class TrainerConfig:
               "trainer_config.snapshot_path", "sharded snapshots need a folder, not a .pt file")
         check(self.distributed_method in METHODS, "trainer_config.distributed_method",
               f"must be one of {', '.join(METHODS)}, got {self.distributed_method!r}")
-        check(not self.cpu_offload or self.distributed_method == "fsdp", "trainer_config.cpu_offload",
-              "offloads FSDP shards; set trainer_config.distributed_method=fsdp or cpu_offload=False")
+        sharded = self.distributed_method in SHARDED_METHODS
+        check(not self.cpu_offload or sharded, "trainer_config.cpu_offload",
+              "offloads shards; set trainer_config.distributed_method=fsdp or hsdp, or cpu_offload=False")
         check(self.amp_dtype in AMP_DTYPES, "trainer_config.amp_dtype",
               f"must be one of {', '.join(AMP_DTYPES)}, got {self.amp_dtype!r}")
         check_signal_names(self.stop_signals, "trainer_config.stop_signals")
@@ -176,7 +179,7 @@ class Trainer:
         self.optimizer = create_optimizer(self.model, optimizer_config,
                                           allow_fused=fused_optimizer_allowed(self.model, self.precision))
         self.scaler = grad_scaler(self.model, self.precision, env)
-        # FSDP casts parameters itself; autocast on top would only add casts.
+        # FSDP (and HSDP) casts parameters itself; autocast on top would only add casts.
         fsdp_casts = computes_in_precision(self.model)
         self.autocast = contextlib.nullcontext if fsdp_casts else self.precision.autocast
         # A training batch holds a whole optimizer step: grad_accum_steps micro-batches.

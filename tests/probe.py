@@ -16,7 +16,7 @@ import torch  # noqa: E402
 from char_dataset import CharDataset, DataConfig, split_dataset  # noqa: E402
 from logger import configure_logging  # noqa: E402
 from model import GPT, GPTConfig, OptimizerConfig  # noqa: E402
-from parallel import gather_full_state, local_parameter_bytes, unwrap  # noqa: E402
+from parallel import gather_full_state, is_sharded, local_parameter_bytes, unwrap  # noqa: E402
 from process_group import distributed_session  # noqa: E402
 from trainer import Trainer, TrainerConfig  # noqa: E402
 
@@ -24,8 +24,8 @@ SNAPSHOT = "memory://probe/snap.pt"  # each process has its own in-memory filesy
 
 
 def digest(trainer: Trainer) -> str:
-    """Hash of this rank's full view of the parameters (gathered first under FSDP)."""
-    if trainer.config.distributed_method == "fsdp":
+    """Hash of this rank's full view of the parameters (gathered first when sharded)."""
+    if is_sharded(trainer.model):
         state, _ = gather_full_state(trainer.model, trainer.optimizer)
     else:
         state = unwrap(trainer.model).state_dict()

@@ -1,6 +1,7 @@
 """Clusters, for real: `sbatch slurm/sbatch_run.sh` on a two-node Slurm, and torchrun across two hosts
 (network namespaces), each surviving the SIGKILL of a training process; a Slurm job that requeues
-itself at its time-limit warning; an elastic torchrun that loses a host.
+itself at its time-limit warning; an elastic torchrun that loses a host; HSDP across the two hosts,
+resuming FSDP's snapshot and resumed by DDP.
 
 The daemons and namespaces come from tests/cluster.py and are stopped by the fixtures, pass or fail.
 Without root or Slurm's packages these tests skip, saying why; .ci/run installs the packages and sets
@@ -29,7 +30,10 @@ from cluster import (
     slurm_unavailable,
     wait_for,
 )
-from helpers import MAIN, REPO, TORCHRUN, losses, tiny_overrides
+from helpers import MAIN, REPO, TORCHRUN, assert_ok, final_state, losses, run_main, tiny_overrides
+from metrics import default_metrics_path, read_metrics
+from sharded_snapshot import to_single_file
+from state_equality import assert_same_state
 
 SBATCH_RUN = REPO / "slurm" / "sbatch_run.sh"
 RESUMED = re.compile(r"Resuming training from snapshot at Epoch (\d+)")
@@ -311,3 +315,124 @@ class TestElastic:
         step = int(re.search(r"Resuming training from snapshot at Epoch 0 \(step (\d+),", after).group(1))
         assert step >= 20 and int(match.group(1).replace(",", "")) == step * 32 * 2
         assert torch.load(elastic_run.snapshot, weights_only=True)["finished_epoch"] == elastic_run.max_epochs
+
+
+# -- HSDP across the two hosts ------------------------------------------------------------------
+
+HSDP_MAIN = REPO / "tests" / "hsdp_main.py"
+FSDP_STEPS = 10  # the first hop's step budget
+DDP_STEPS = 5  # the last hop's steps after the HSDP snapshot
+
+
+@dataclass
+class HsdpChain:
+    fsdp: str  # the output of each hop: the first and last on one host, HSDP's on each host
+    hsdp: list[str]
+    ddp: str
+    hsdp_exit_codes: list[int]
+    hsdp_step: int  # where the HSDP run's snapshot stands
+    snapshot: Path  # the single-file snapshot of the first two hops
+    sharded: Path  # the sharded snapshots: HSDP's, then DDP's
+    recorded: Path  # what each HSDP rank held after each load and at the end (tests/hsdp_main.py)
+
+    @property
+    def shards(self) -> list[dict]:
+        """What each HSDP rank held at the end, by global rank."""
+        files = [self.recorded / f"rank{rank}.pt" for rank in range(4)]
+        return [torch.load(file, weights_only=True) for file in files if file.exists()]
+
+
+@pytest.fixture(scope="class")
+def hsdp_chain(text_file, tmp_path_factory) -> HsdpChain:
+    """fsdp -> hsdp -> ddp, each resuming the snapshot of the one before, every snapshot written both
+    as a single file and sharded (tests/hsdp_main.py).
+
+    fsdp: 2 ranks on this host, 10 steps. hsdp: node1 and node2 with 2 ranks each, a 2 x 2 mesh,
+    loading FSDP's sharded snapshot and then its single file (recording what each left on every
+    rank), finishing the epoch with bf16, CPU offload and 2-micro-batch accumulation (FSDP's paths,
+    on a 2-D mesh), and recording each rank's shards at the end. ddp: 2 ranks on this host, resuming
+    HSDP's sharded snapshot for 5 more steps."""
+    skip_unless_possible(namespaces_unavailable())
+    root = tmp_path_factory.mktemp("hsdp")
+    snapshot, sharded, shards = root / "chain.pt", root / "sharded", root / "shards"
+    shards.mkdir()
+    fsdp = run_main(tiny_overrides(text_file, snapshot, trainer_config__distributed_method="fsdp",
+                                   trainer_config__max_steps=FSDP_STEPS),
+                    nproc=2, script=HSDP_MAIN, env={"ALSO_SHARDED": str(sharded)})
+    assert_ok(fsdp)
+    env = {**submitting_environment(), "OMP_NUM_THREADS": "1", "ALSO_SHARDED": str(sharded),
+           "SHARDS_DIR": str(shards)}
+    torchrun = [*TORCHRUN, "--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d",
+                f"--rdzv_endpoint={TwoHosts.NAMES[0]}:29500", f"--rdzv_id={uuid.uuid4().hex}", HSDP_MAIN,
+                *tiny_overrides(text_file, snapshot, trainer_config__distributed_method="hsdp",
+                                trainer_config__batch_size=16, trainer_config__grad_accum_steps=2,
+                                trainer_config__use_amp=True, trainer_config__cpu_offload=True,
+                                trainer_config__log_every=10)]
+    logs = [root / f"{name}.log" for name in TwoHosts.NAMES]
+    with TwoHosts(root) as hosts:
+        agents = [hosts.popen(i, torchrun, logs[i], env) for i in (0, 1)]
+        wait_for(lambda: all(a.poll() is not None for a in agents), 300, "both torchrun agents to finish")
+    hsdp_step = torch.load(snapshot, weights_only=True)["step"]
+    ddp = run_main(tiny_overrides(text_file, sharded, trainer_config__distributed_method="ddp",
+                                  trainer_config__snapshot_format="sharded",
+                                  trainer_config__max_steps=hsdp_step + DDP_STEPS), nproc=2)
+    return HsdpChain(fsdp.stdout + fsdp.stderr, [read(log) for log in logs], ddp.stdout + ddp.stderr,
+                     [a.returncode for a in agents], hsdp_step, snapshot, sharded, shards)
+
+
+class TestHsdp:
+    def test_hsdp_runs_on_a_2x2_mesh_holding_half_the_model_per_rank(self, hsdp_chain):
+        node1, node2 = hsdp_chain.hsdp
+        assert hsdp_chain.hsdp_exit_codes == [0, 0], f"node1:\n{node1}\nnode2:\n{node2}"
+        assert "World: 4 process(es) on 2 node(s), gloo on cpu; hsdp with CPU offload;" in node1, node1
+        assert [rank["host"] for rank in hsdp_chain.shards] == ["node1", "node1", "node2", "node2"]
+        model_bytes = sum(t.numel() * t.element_size()
+                          for t in torch.load(hsdp_chain.snapshot, weights_only=True)["model_state"].values())
+        for rank in hsdp_chain.shards:
+            assert rank["mesh_shapes"] == {(2, 2)} and rank["placements"] == {"(Replicate(), Shard(dim=0))"}
+            assert rank["bytes"] == pytest.approx(model_bytes / 2, rel=0.05)  # 1/ranks per node
+        assert hsdp_chain.shards[0]["bytes"] + hsdp_chain.shards[1]["bytes"] == model_bytes
+
+    def test_hsdp_replicates_across_hosts(self, hsdp_chain):
+        """Local rank r of node1 and of node2 hold the same shard, equal to the last bit after training:
+        the gradients were all-reduced across the hosts."""
+        ranks = hsdp_chain.shards
+        assert len(ranks) == 4, f"not every rank recorded its shards:\n{hsdp_chain.hsdp[0]}"
+        for local_rank in (0, 1):
+            node1, node2 = ranks[local_rank]["shards"], ranks[local_rank + 2]["shards"]
+            assert_same_state(node2, node1, f"local rank {local_rank}'s shards")
+        assert any(not torch.equal(ranks[0]["shards"][name], ranks[1]["shards"][name])
+                   for name in ranks[0]["shards"]), "both ranks of a node hold the same: not sharded"
+
+    def test_hsdp_resumes_fsdp_and_trains_and_ddp_resumes_hsdp(self, hsdp_chain):
+        assert f"Snapshot saved at step {FSDP_STEPS} (the last)" in hsdp_chain.fsdp, hsdp_chain.fsdp
+        node1 = hsdp_chain.hsdp[0]
+        assert (f"Resuming training from snapshot at Epoch 0 (step {FSDP_STEPS}, sample 640 of epoch 1)"
+                in node1), node1
+        assert "Snapshot saved at epoch 1" in node1 and "on 4 ranks)" in node1, node1  # eval over 4 ranks
+        ddp = hsdp_chain.ddp
+        assert "Resuming training from snapshot at Epoch 1" in ddp, ddp
+        assert f"Snapshot saved at step {hsdp_chain.hsdp_step + DDP_STEPS} (the last)" in ddp, ddp
+        # Steps 1-10 by FSDP, the rest of the epoch by HSDP; then DDP's in the sharded folder.
+        chain = read_metrics(default_metrics_path(str(hsdp_chain.snapshot)), "train")
+        assert [line["step"] for line in chain] == list(range(1, hsdp_chain.hsdp_step + 1))
+        hsdp_start, hsdp_end = chain[FSDP_STEPS - 1]["loss"], chain[-1]["loss"]
+        assert hsdp_end < hsdp_start - 0.5, "HSDP did not train"
+        ddp_losses = [line["loss"] for line in read_metrics(f"{hsdp_chain.sharded}/metrics.jsonl", "train")]
+        assert len(ddp_losses) == DDP_STEPS
+        assert max(ddp_losses) < hsdp_start - 0.5, "DDP did not resume from HSDP's weights"
+
+    def test_hsdp_loads_fsdps_sharded_snapshot_as_it_loads_the_single_file(self, hsdp_chain):
+        """DCP reshards FSDP's 1-D shards onto the 2 x 2 mesh: every rank, on either host, holds what
+        the full-state restore of the same step gives it, weights and AdamW state, to the bit."""
+        for rank in range(4):
+            from_sharded, from_single = (torch.load(hsdp_chain.recorded / f"restored_{kind}_rank{rank}.pt",
+                                                    weights_only=True) for kind in ("sharded", "single"))
+            assert from_single["optimizer"], "the single file restored no optimizer state"
+            assert_same_state(from_sharded, from_single, f"rank {rank}")
+
+    def test_hsdp_sharded_snapshot_holds_what_its_single_file_holds(self, hsdp_chain, tmp_path):
+        """The same state, saved by DCP shard by shard from the 2-D mesh and gathered into one file."""
+        converted = tmp_path / "converted.pt"
+        to_single_file(str(hsdp_chain.sharded / f"sharded_{hsdp_chain.hsdp_step:09d}"), str(converted))
+        assert_same_state(final_state(converted), final_state(hsdp_chain.snapshot))

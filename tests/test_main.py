@@ -69,6 +69,9 @@ def one_error_line(result) -> str:
     ("trainer_config.batch_size=0", "error: trainer_config.batch_size: must be positive"),
     ("trainer_config.max_epochs=-1", "error: trainer_config.max_epochs: must be positive"),
     ("trainer_config.distributed_method=horovod", "error: trainer_config.distributed_method"),
+    ("trainer_config.distributed_method=hsdp",
+     "error: trainer_config.distributed_method: hsdp shards within a node and replicates across nodes, "
+     "and this run has one node; on one node use fsdp"),
     ("gpt_config.n_embd=33", "error: gpt_config.n_embd: 33 is not divisible by gpt_config.n_head=2"),
     ("gpt_config.model_type=gpt-nano", "error: gpt_config.model_type: preset 'gpt-nano' given together"),
     ("gpt_config.vocab_size=65", "error: gpt_config.vocab_size: comes from the data"),

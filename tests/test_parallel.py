@@ -11,7 +11,9 @@ import torch
 
 from helpers import (REPO, TORCHRUN, assert_ok, final_state, run, run_main, run_probe, run_with_restarts,
                      tiny_overrides)
+from errors import ConfigError
 from metrics import default_metrics_path, read_metrics
+from parallel import check_nodes_for_hsdp
 from state_equality import assert_same_state
 
 
@@ -35,6 +37,24 @@ def test_fsdp_eval_and_snapshot_follow_ddp_rules(fsdp_probe):
     assert fsdp_probe[0]["eval_modes"] and fsdp_probe[1]["eval_modes"], "the eval pass ran no forward"
     assert not any(modes)
     assert [p["wrote_snapshot"] for p in fsdp_probe] == [True, False]
+
+
+@pytest.mark.parametrize("ranks_per_node, problem", [
+    ([2, 1, 2], "hsdp needs the same number of ranks on every node, got nodes of 1 and 2 ranks; start"),
+    ([2, 2], "hsdp shards within a node and replicates across nodes, and this run has one node; on one"),
+])
+def test_hsdp_refuses_nodes_that_are_not_a_rectangle_of_ranks(ranks_per_node, problem):
+    """ranks_per_node: each rank's LOCAL_WORLD_SIZE, as every rank gathers them (the two-host test
+    runs HSDP; one process alone is refused in test_main.py)."""
+    with pytest.raises(ConfigError) as refused:
+        check_nodes_for_hsdp(ranks_per_node)
+    assert refused.value.key == "trainer_config.distributed_method"
+    assert str(refused.value).startswith(f"trainer_config.distributed_method: {problem}")
+
+
+def test_hsdp_accepts_two_or_more_nodes_of_equal_size():
+    check_nodes_for_hsdp([2, 2, 2, 2])
+    check_nodes_for_hsdp([1, 1])
 
 
 def train(text_file, snapshot, method="fsdp", epochs=1, nproc=2, **extra):
