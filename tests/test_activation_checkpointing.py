@@ -7,6 +7,7 @@ import torch
 import trainer as trainer_module
 from activation_checkpointing import saved_activations
 from char_dataset import CharDataset
+from errors import ConfigError
 from helpers import make_text
 from model import GPT, GPTConfig, OptimizerConfig
 from precision import Precision
@@ -58,3 +59,10 @@ def test_full_checkpointing_gives_the_same_gradients_from_fewer_saved_bytes(
     # Held per block: its input alone, instead of attention's and the MLP's intermediates.
     assert all(0 < full < none / 3 for full, none in zip(checkpointed_saved, plain_saved)), \
         (checkpointed_saved, plain_saved)
+
+
+def test_an_unknown_mode_names_the_key_and_the_modes():
+    with pytest.raises(ConfigError) as refused:
+        trainer_module.TrainerConfig(activation_checkpointing="attention")
+    assert str(refused.value) == ("trainer_config.activation_checkpointing: must be one of none, full, "
+                                  "got 'attention'")
