@@ -1,6 +1,7 @@
 """Per-rank memory and throughput of DDP against FSDP, on a model where sharding matters.
 
     python bench/bench_fsdp.py [--nproc 2] [--layers 12] [--embd 768] [--batch-size 4] [--steps 5]
+                               [--activation-checkpointing full]
 
 For each method it starts `torchrun --standalone --nproc_per_node=N` on this script's worker mode,
 which builds the model and Trainer through the project's own code and times real training steps.
@@ -9,6 +10,9 @@ Each rank reports:
 - peak MB: the peak during the timed steps (start-up builds the whole model before sharding): the
   process's resident memory on the CPU (everything: Python, torch, activations, gathered blocks),
   or torch.cuda.max_memory_allocated on a GPU;
+- activations MB: the bytes one step's forward pass saves for its backward pass, counted exactly as
+  autograd saves them (activation_checkpointing.saved_activations; parameters left out): with
+  --activation-checkpointing full, each block's input only;
 - tokens/s over all ranks.
 Figures are printed as a table and written as JSON (--json).
 """
@@ -30,6 +34,7 @@ from common import (
 )
 
 import torch  # noqa: E402  (common puts mingpt/ on the path first)
+from activation_checkpointing import CHECKPOINTING_MODES, saved_activations  # noqa: E402
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -38,15 +43,28 @@ def worker(args: argparse.Namespace) -> None:
 
     with distributed_session() as env, benchmark_trainer(
             env, args.layers, args.heads, args.embd, args.block_size, batch_size=args.batch_size,
-            use_amp=args.amp, amp_dtype="bfloat16", distributed_method=args.method) as trainer:
+            use_amp=args.amp, amp_dtype="bfloat16", distributed_method=args.method,
+            activation_checkpointing=args.activation_checkpointing) as trainer:
         elapsed = timed_steps(trainer, args.warmup, args.steps, lambda: reset_peak_memory(env.device))
         tokens = args.steps * args.batch_size * args.block_size * env.world_size
         mine = {"rank": env.rank, "state_mb": held_state_bytes(trainer) / 1e6,
-                "peak_mb": peak_memory(env.device) / 1e6, "tokens_per_s": tokens / elapsed}
+                "peak_mb": peak_memory(env.device) / 1e6, "tokens_per_s": tokens / elapsed,
+                "activations_mb": activation_bytes(trainer) / 1e6}
         everyone = all_gather_objects(mine)
         if env.is_main:
             params = sum(p.numel() for p in trainer.model.parameters())
             emit({"method": args.method, "params": params, "ranks": everyone})
+
+
+def activation_bytes(trainer) -> int:
+    """Bytes one forward pass of a training batch saves for backward (then the backward pass, so
+    that DDP and FSDP finish the step they started; the gradients are dropped)."""
+    inputs, targets = (t.to(trainer.env.device) for t in next(iter(trainer.train_loader)))
+    with saved_activations() as saved:
+        loss = trainer.compute_loss(inputs, targets)
+    trainer.backward(loss)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return saved.bytes
 
 
 def run_method(args: argparse.Namespace, method: str) -> dict:
@@ -54,15 +72,16 @@ def run_method(args: argparse.Namespace, method: str) -> dict:
 
 
 def forwarded(args: argparse.Namespace) -> list[str]:
-    return [*shared_flags(args), "--batch-size", str(args.batch_size)] + (["--amp"] if args.amp else [])
+    return [*shared_flags(args), "--batch-size", str(args.batch_size),
+            "--activation-checkpointing", args.activation_checkpointing] + (["--amp"] if args.amp else [])
 
 
 def report(results: list[dict]) -> None:
-    print(f"{'method':<6} {'rank':>4} {'state MB':>9} {'peak MB':>9} {'tokens/s':>9}")
+    print(f"{'method':<6} {'rank':>4} {'state MB':>9} {'peak MB':>9} {'activations MB':>14} {'tokens/s':>9}")
     for result in results:
         for rank in result["ranks"]:
             print(f"{result['method']:<6} {rank['rank']:>4} {rank['state_mb']:>9.0f} {rank['peak_mb']:>9.0f} "
-                  f"{rank['tokens_per_s']:>9.0f}")
+                  f"{rank['activations_mb']:>14.1f} {rank['tokens_per_s']:>9.0f}")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -74,6 +93,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_shared_arguments(parser, layers=12, heads=12, embd=768, steps=5)
     parser.add_argument("--batch-size", type=int, default=4, help="samples per rank per step")
     parser.add_argument("--amp", action="store_true", help="use_amp (bf16 where the device has it)")
+    parser.add_argument("--activation-checkpointing", choices=CHECKPOINTING_MODES, default="none",
+                        help="trainer_config.activation_checkpointing")
     parser.add_argument("--json", type=Path, default=RESULTS / "fsdp.json")
     parser.add_argument("--method", default="ddp", help=argparse.SUPPRESS)
     return parser.parse_args(argv)

@@ -9,6 +9,10 @@ issued: DDP's all-reduces through a comm hook, FSDP's reduce-scatters (and any a
 counting calls of torch.distributed's functions. Writes OUT_DIR/syncs_rank{N}.json (per method and
 accumulation: the collectives of each micro-batch's backward pass) and, from rank 0,
 OUT_DIR/{method}_accum{n}.pt (the full model and optimizer state after the step).
+
+Then, for activation checkpointing, the accumulated step again with dropout on, without and with
+activation_checkpointing=full: OUT_DIR/{method}_dropout_{mode}.pt, and in
+OUT_DIR/activations_rank{N}.json the bytes each micro-batch's forward pass saved for backward.
 """
 import json
 import sys
@@ -22,6 +26,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: E
 
 import trainer as trainer_module  # noqa: E402
 from char_dataset import CharDataset  # noqa: E402
+from activation_checkpointing import saved_activations  # noqa: E402
 from model import GPT, GPTConfig, OptimizerConfig  # noqa: E402
 from parallel import gather_full_state  # noqa: E402
 from process_group import distributed_session  # noqa: E402
@@ -54,32 +59,42 @@ class CollectiveCount:
         return counted
 
 
-def one_step(method: str, accum: int, dataset: CharDataset, inputs, targets, env, counter) -> list[int]:
-    """One train_step; returns the collectives each micro-batch's backward pass issued."""
+def one_step(method: str, accum: int, dataset: CharDataset, inputs, targets, env, counter, name: str,
+             dropout: float = 0.0, activation_checkpointing: str = "none") -> tuple[list[int], list[int]]:
+    """One train_step, its end state saved as OUT_DIR/{name}.pt; returns the collectives each
+    micro-batch's backward pass issued, and the bytes each forward pass saved for backward."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=dataset.vocab_size, block_size=16,
-                          embd_pdrop=0.0, resid_pdrop=0.0, attn_pdrop=0.0))
+                          embd_pdrop=dropout, resid_pdrop=dropout, attn_pdrop=dropout))
     config = TrainerConfig(batch_size=BATCH // accum, grad_accum_steps=accum, data_loader_workers=0,
                            use_amp=False, distributed_method=method,
-                           snapshot_path=f"memory://grad_sync/{method}{accum}/")
+                           activation_checkpointing=activation_checkpointing,
+                           snapshot_path=f"memory://grad_sync/{name}/")
     trainer = Trainer(config, model, OptimizerConfig(learning_rate=3e-3), dataset, None, dataset.vocab, env)
     if method == "ddp":
         trainer.model.register_comm_hook(None, counter.ddp_hook)
-    per_backward = []
-    backward = trainer.backward
+    per_backward, saved = [], []
+    backward, compute_loss = trainer.backward, trainer.compute_loss
 
     def counted_backward(loss):
         before = counter.count
         backward(loss)
         per_backward.append(counter.count - before)
 
-    trainer.backward = counted_backward
+    def measured_loss(inputs, targets):
+        with saved_activations() as activations:
+            loss = compute_loss(inputs, targets)
+        saved.append(activations.bytes)
+        return loss
+
+    trainer.backward, trainer.compute_loss = counted_backward, measured_loss
+    torch.manual_seed(1 + env.rank)  # dropout masks of this rank's own
     trainer.train_step(inputs, targets)
     model_state, optimizer_state = gather_full_state(trainer.model, trainer.optimizer)
     if env.is_main:
         state = {"model": model_state, "optimizer": optimizer_state}
-        torch.save(state, out_dir / f"{method}_accum{accum}.pt")
-    return per_backward
+        torch.save(state, out_dir / f"{name}.pt")
+    return per_backward, saved
 
 
 if __name__ == "__main__":
@@ -92,7 +107,14 @@ if __name__ == "__main__":
         own_batch = torch.Generator().manual_seed(env.rank)  # each rank its own samples
         ids = torch.randint(dataset.vocab_size, (BATCH, 17), generator=own_batch)
         inputs, targets = ids[:, :-1], ids[:, 1:]
-        syncs = {method: {accum: one_step(method, accum, dataset, inputs, targets, env, counter)
+        syncs = {method: {accum: one_step(method, accum, dataset, inputs, targets, env, counter,
+                                          f"{method}_accum{accum}")[0]
                           for accum in (1, 2)}
                  for method in ("ddp", "fsdp")}
         (out_dir / f"syncs_rank{env.rank}.json").write_text(json.dumps(syncs))
+        activations = {method: {mode: one_step(method, 2, dataset, inputs, targets, env, counter,
+                                               f"{method}_dropout_{mode}", dropout=0.1,
+                                               activation_checkpointing=mode)[1]
+                                for mode in ("none", "full")}
+                       for method in ("ddp", "fsdp")}
+        (out_dir / f"activations_rank{env.rank}.json").write_text(json.dumps(activations))

@@ -1,4 +1,5 @@
-"""bench/bench_fsdp.py on a tiny model: both methods run under torchrun and every rank reports."""
+"""bench/bench_fsdp.py on a tiny model: both methods run under torchrun and every rank reports
+(with activation checkpointing, so that the flag reaches the workers' Trainers)."""
 import json
 import sys
 
@@ -9,12 +10,15 @@ def test_ddp_and_fsdp_report_every_rank_and_fsdp_holds_half(tmp_path):
     report = tmp_path / "fsdp.json"
     result = run([sys.executable, REPO / "bench" / "bench_fsdp.py", "--layers", "2", "--heads", "2",
                   "--embd", "32", "--block-size", "16", "--batch-size", "2", "--warmup", "1", "--steps", "2",
-                  "--json", report])
+                  "--activation-checkpointing", "full", "--json", report])
     assert_ok(result)
-    ddp, fsdp = json.loads(report.read_text())["results"]
+    written = json.loads(report.read_text())
+    assert written["settings"]["activation_checkpointing"] == "full"
+    ddp, fsdp = written["results"]
     assert (ddp["method"], fsdp["method"]) == ("ddp", "fsdp")
     assert [rank["rank"] for rank in fsdp["ranks"]] == [0, 1]
-    assert all(rank["tokens_per_s"] > 0 and rank["peak_mb"] > 0 for rank in ddp["ranks"] + fsdp["ranks"])
+    for rank in ddp["ranks"] + fsdp["ranks"]:
+        assert rank["tokens_per_s"] > 0 and rank["peak_mb"] > 0 and rank["activations_mb"] > 0
     # Parameters, gradients and AdamW state: FSDP holds about half of DDP's per rank.
     assert 0.4 < fsdp["ranks"][0]["state_mb"] / ddp["ranks"][0]["state_mb"] < 0.6
     assert "fsdp" in result.stdout
