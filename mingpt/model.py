@@ -240,19 +240,19 @@ class GPT(nn.Module):
         method, the world size nor the order in which parameters are made: each one can be made
         alone, when it is needed.
         """
-        shape, dtype = self.get_parameter(name).shape, self.get_parameter(name).dtype
+        param = self.get_parameter(name)  # its shape and dtype (the full ones, even if sharded)
         module_name, _, kind = name.rpartition(".")
         module = self.get_submodule(module_name)
         if kind == "bias":
-            return torch.zeros(shape, dtype=dtype)
+            return torch.zeros(param.shape, dtype=param.dtype)
         if isinstance(module, nn.LayerNorm):
-            return torch.ones(shape, dtype=dtype)
+            return torch.ones(param.shape, dtype=param.dtype)
         if not isinstance(module, (nn.Linear, nn.Embedding)):
             raise TypeError(f"no initial value for {name} of a {type(module).__name__}")
         residual = name.endswith(("attn.proj.weight", "mlp.proj.weight"))
         std = 0.02 / math.sqrt(2 * self.config.n_layer) if residual else 0.02
         generator = torch.Generator().manual_seed(parameter_seed(self.seed, name))
-        return torch.empty(shape, dtype=dtype).normal_(0.0, std, generator=generator)
+        return torch.empty(param.shape, dtype=param.dtype).normal_(0.0, std, generator=generator)
 
     @torch.no_grad()
     def init_weights(self) -> None:
