@@ -72,8 +72,8 @@ def build_and_train(config: TrainConfig, env: DistEnv) -> None:
     dataset = load_dataset(config.data_config, env)
     train_set, test_set = split_dataset(dataset, config.data_config, config.trainer_config.seed)
     gpt_config = replace(config.gpt_config, vocab_size=dataset.vocab_size, block_size=dataset.block_size)
-    torch.manual_seed(config.trainer_config.seed)  # the same initial weights on every rank
-    model = GPT(gpt_config)
+    with torch.device("meta"):  # shapes only: the Trainer fills in what this rank holds (parallel.py)
+        model = GPT(gpt_config, seed=config.trainer_config.seed)
     trainer = Trainer(config.trainer_config, model, config.optimizer_config,
                       train_set, test_set, dataset.vocab, env)
     for line in startup_summary(config, env, dataset, train_set, test_set, trainer):
@@ -100,6 +100,7 @@ def startup_summary(config: TrainConfig, env: DistEnv, dataset: CharDataset, tra
         f"World: {env.world_size} process(es) on {env.num_nodes} node(s), {env.backend} on "
         f"{env.device.type}; {tc.distributed_method}{' with CPU offload' if tc.cpu_offload else ''}; "
         f"{trainer.precision}; {local_parameter_bytes(trainer.model) / 1e6:.1f} MB of parameters per rank",
+        f"Memory: {trainer.memory.describe()}",
         f"Batch: {tc.batch_size} per process x {tc.grad_accum_steps} accumulation, "
         f"{tokens_per_step:,} tokens per step, {trainer.steps_per_epoch:,} steps per epoch, "
         f"{budget}, {trainer.train_loader.num_workers} data worker(s) per process",

@@ -2,6 +2,7 @@
 
 Shapes in comments: B batch, T time (block), C embedding, nh heads, hs head size (C // nh), V vocab.
 """
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -203,34 +204,61 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def parameter_seed(seed: int, name: str) -> int:
+    """The seed of one parameter's generator: from the run's seed and the parameter's name, the
+    same in every process and on every machine (a digest, unlike Python's per-process hash())."""
+    digest = hashlib.sha256(f"{seed}/{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
 class GPT(nn.Module):
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, seed: int = 0):
+        """seed decides the initial weights (see initial_value). Built on the meta device
+        (`with torch.device("meta")`) the model has shapes only, and whoever places it on a device
+        fills it in from initial_value, a part at a time if it likes (parallel.py does)."""
         super().__init__()
         if config.vocab_size is None or config.block_size is None:
             raise ValueError("GPTConfig.vocab_size and block_size must be set from the data")
         self.config = config
+        self.seed = seed
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         self.pos_emb = nn.Embedding(config.block_size, config.n_embd)
         self.drop = Dropout(config.embd_pdrop)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd)
         self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.apply(self._init_weights)
-        # GPT-2: scale the projections that feed the residual stream, one pair per block.
-        residual_std = 0.02 / math.sqrt(2 * config.n_layer)
-        for block in self.blocks:
-            nn.init.normal_(block.attn.proj.weight, mean=0.0, std=residual_std)
-            nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=residual_std)
+        if not self.head.weight.is_meta:
+            self.init_weights()
 
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
+    def initial_value(self, name: str) -> torch.Tensor:
+        """The full initial value of parameter `name`, on the CPU.
+
+        GPT-2's scheme: N(0, 0.02) for Linear and Embedding weights, except the projections that
+        feed the residual stream (attn.proj, mlp.proj: one pair per block), N(0, 0.02 / sqrt(2
+        n_layer)); zero biases; LayerNorm weights 1. Each weight is drawn from a generator of its
+        own, seeded by (seed, name), so its value depends on neither the device, the distributed
+        method, the world size nor the order in which parameters are made: each one can be made
+        alone, when it is needed.
+        """
+        param = self.get_parameter(name)  # its shape and dtype (the full ones, even if sharded)
+        module_name, _, kind = name.rpartition(".")
+        module = self.get_submodule(module_name)
+        if kind == "bias":
+            return torch.zeros(param.shape, dtype=param.dtype)
         if isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+            return torch.ones(param.shape, dtype=param.dtype)
+        if not isinstance(module, (nn.Linear, nn.Embedding)):
+            raise TypeError(f"no initial value for {name} of a {type(module).__name__}")
+        residual = name.endswith(("attn.proj.weight", "mlp.proj.weight"))
+        std = 0.02 / math.sqrt(2 * self.config.n_layer) if residual else 0.02
+        generator = torch.Generator().manual_seed(parameter_seed(self.seed, name))
+        return torch.empty(param.shape, dtype=param.dtype).normal_(0.0, std, generator=generator)
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Every parameter to its initial value, wherever it lives."""
+        for name, param in self.named_parameters():
+            param.copy_(self.initial_value(name))
 
     def forward(
         self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None

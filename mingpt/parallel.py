@@ -10,6 +10,12 @@
   an all-reduce of each gradient shard crosses nodes. Everything else is as for fsdp: the sharded
   methods (SHARDED_METHODS, is_sharded) share one code path.
 
+The model may arrive on the meta device (main.py builds it there: shapes, no memory). Under FSDP
+it is then sharded while still empty and only each rank's shards are allocated and filled, one
+parameter at a time from the model's own initial_value: no rank ever holds the whole model. Under
+DDP every rank fills a whole copy with the same values. Either way the initial weights depend only
+on the seed, not on the method or the world size.
+
 Full state dicts go through torch.distributed.checkpoint's state_dict API for every method, so a
 snapshot holds the same thing whoever wrote it: unprefixed parameter names, and optimizer state
 keyed by parameter name rather than by position. That is what lets DDP resume FSDP's snapshots,
@@ -37,6 +43,7 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from errors import check
@@ -62,8 +69,10 @@ class Parallelism:
 
 def parallelize(model: nn.Module, parallelism: Parallelism, precision: Precision, env: DistEnv,
                 compile: bool = False) -> nn.Module:
-    """Move the model to this rank's device and wrap it for data-parallel training.
+    """Put the model on this rank's device and wrap it for data-parallel training.
 
+    model: built on the meta device, to be materialised here (each rank only its part under FSDP),
+    or already initialised (tests and benchmarks build it so), to be moved or sharded as it is.
     compile: torch.compile in place (parameter names, and so snapshots, stay as they are), on the
     module the wrapper will hold, as torch's documentation advises: the whole model under DDP; each
     transformer block under FSDP, before it is sharded, so that FSDP's all-gather and reduce-scatter
@@ -76,7 +85,10 @@ def parallelize(model: nn.Module, parallelism: Parallelism, precision: Precision
         return _shard(model, parallelism.method, parallelism.cpu_offload, precision, env)
     if compile:
         model.compile()
-    model = model.to(env.device)
+    if on_meta(model):
+        materialize(model, env.device)
+    else:
+        model = model.to(env.device)
     if env.world_size == 1:
         return model  # nothing to synchronise: DDP would only add bucket copies to every step
     return DDP(model, device_ids=[env.device] if env.device.type == "cuda" else None)
@@ -87,11 +99,14 @@ def _shard(model: nn.Module, method: str, cpu_offload: bool, precision: Precisio
     mixed_precision = MixedPrecisionPolicy(param_dtype=precision.amp_dtype, reduce_dtype=torch.float32)
     # Pinned host memory needs an accelerator; on a CPU-only machine plain memory is the only kind.
     offload = CPUOffloadPolicy(pin_memory=env.device.type == "cuda") if cpu_offload else OffloadPolicy()
-    if not cpu_offload:
+    empty = on_meta(model)
+    if not cpu_offload and not empty:
         model = model.to(env.device)
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=mixed_precision, offload_policy=offload)
     fully_shard(model, mesh=mesh, mp_policy=mixed_precision, offload_policy=offload)
+    if empty:
+        materialize(model, torch.device("cpu") if cpu_offload else env.device)
     return model
 
 
@@ -122,6 +137,33 @@ def check_nodes_for_hsdp(ranks_per_node: list[int]) -> None:
 def is_sharded(model: nn.Module) -> bool:
     """Whether parallelize() sharded the model with FSDP2: fsdp and hsdp alike."""
     return isinstance(model, FSDPModule)
+
+
+def on_meta(model: nn.Module) -> bool:
+    """True for a model built on the meta device: shapes without memory, to be materialised."""
+    return any(param.is_meta for param in model.parameters())
+
+
+@torch.no_grad()
+def materialize(model: nn.Module, device: torch.device) -> None:
+    """Allocate a meta-built model's parameters on device and fill each with its initial value
+    (model.initial_value), one parameter at a time.
+
+    A sharded parameter (FSDP's DTensor) gets this rank's shard only: the full value is made, cut
+    locally (distribute_tensor with src_data_rank=None splits as FSDP does, torch.chunk along dim
+    0, and communicates nothing) and dropped, so a rank's peak is its shards plus one parameter.
+    Parameters only: to_empty would leave buffers uninitialised, and the GPT has none.
+    """
+    if any(True for _ in model.buffers()):
+        raise ValueError("materialize() fills parameters only, and this model has buffers")
+    model.to_empty(device=device)
+    for name, param in model.named_parameters():
+        full = model.initial_value(name)
+        if isinstance(param, DTensor):
+            shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+            param.to_local().copy_(shard.to_local())
+        else:
+            param.copy_(full)
 
 
 def computes_in_precision(model: nn.Module) -> bool:

@@ -1,8 +1,9 @@
 """The training loop: epochs of training, a snapshot every `save_every` epochs, an eval pass.
 
-The model arrives unwrapped; the Trainer puts it on this rank's device, wraps it for the configured
-distributed method, and only then builds the optimizer (built earlier, FSDP would never update the
-sharded parameters).
+The model arrives unwrapped, best on the meta device (main.py builds it there); the Trainer checks
+that its training state fits in memory (memory.py), puts it on this rank's device (each rank only
+its shards, under FSDP), wraps it for the configured distributed method, and only then builds the
+optimizer (built earlier, FSDP would never update the sharded parameters).
 
 Beyond the original: a step budget (`max_steps`) and evaluation every `eval_every_steps` steps on
 a fixed subset (`eval_batches`), for corpora whose epochs are too long to count in; snapshots also
@@ -26,6 +27,7 @@ from data_loader import make_dataloader
 from errors import check, check_positive
 from flops import peak_flops
 from logger import clear_status, log, warn_once
+from memory import check_memory, plan_memory
 from metrics import MetricsLog, default_metrics_path
 from model import OptimizerConfig, create_optimizer, learning_rate_at
 from monitor import TrainingMonitor
@@ -97,7 +99,8 @@ class TrainerConfig:
     """none, or full: keep only each transformer block's input for the backward pass and recompute
     the block's activations there (about a third more compute for much less activation memory)."""
     seed: int = 1337
-    """Seeds model init, the train/test split, shuffling, and dropout (per rank and epoch)."""
+    """Seeds the initial weights (each parameter from the seed and its name, so they do not depend on
+    the method or the world size), the train/test split, shuffling, and dropout (per rank and epoch)."""
     log_every: int = 100
     """Log the loss every this many iterations."""
     eval_every_steps: int = 0
@@ -180,6 +183,9 @@ class Trainer:
         self.precision = resolve_precision(config.use_amp, config.amp_dtype, env.device)
         self.precision.configure_matmuls()
         checkpoint_blocks(model, config.activation_checkpointing)  # before wrapping: FSDP's hooks go outside
+        self.memory = plan_memory(sum(p.numel() * p.element_size() for p in model.parameters()),
+                                  config.distributed_method, config.cpu_offload, env)
+        check_memory(self.memory, env)  # before anything is allocated
         self.model = parallelize(model, Parallelism(config.distributed_method, config.cpu_offload),
                                  self.precision, env, compile=config.compile)
         self.optimizer_config = optimizer_config

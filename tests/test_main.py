@@ -85,6 +85,19 @@ def test_bad_input_is_one_line_naming_the_key(text_file, tmp_path, override, mes
     assert not (tmp_path / "snap.pt").exists()
 
 
+def test_a_model_too_large_for_memory_is_refused_before_it_is_built(text_file, tmp_path):
+    """64 layers 8192 wide: 51.5G parameters, 824 GB with gradients and AdamW under DDP, more
+    than any machine here has. The model is on the meta device when it is refused, so this takes
+    seconds and allocates nothing of that size."""
+    result = run_main(tiny_overrides(text_file, tmp_path / "snap.pt", gpt_config__n_layer=64,
+                                     gpt_config__n_head=64, gpt_config__n_embd=8192))
+    line = one_error_line(result)
+    assert line.startswith("error: trainer_config.distributed_method: ddp needs about 824")
+    assert line.endswith(" GB of host memory available; "
+                         "use distributed_method=fsdp, more ranks, or a smaller model")
+    assert result.returncode == 1 and not (tmp_path / "snap.pt").exists()
+
+
 @pytest.mark.parametrize("override, key", [
     ("trainer_config.bsz=3", "trainer_config.bsz"),
     ("trainer_config.batch_size=lots", "trainer_config.batch_size"),

@@ -18,6 +18,7 @@ from model import (
     keep_mask,
     learning_rate_at,
     parameter_groups,
+    parameter_seed,
 )
 
 
@@ -120,6 +121,22 @@ def test_init_follows_gpt2():
     assert model.tok_emb.weight.std().item() == pytest.approx(0.02, rel=0.1)
     assert torch.count_nonzero(model.blocks[0].attn.qkv.bias) == 0
     assert model.head.bias is None
+
+
+def test_initial_weights_come_from_the_seed_and_each_name_alone():
+    """Not from torch's global generator, nor the order of drawing: each parameter its own stream."""
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=11, block_size=16)
+    torch.manual_seed(0)
+    first = GPT(config, seed=5).state_dict()
+    torch.manual_seed(1)
+    again = GPT(config, seed=5)
+    assert all(torch.equal(first[name], value) for name, value in again.state_dict().items())
+    assert torch.equal(again.initial_value("blocks.1.mlp.fc.weight"), first["blocks.1.mlp.fc.weight"])
+    other_seed = GPT(config, seed=6).state_dict()
+    assert not torch.equal(other_seed["tok_emb.weight"], first["tok_emb.weight"])
+    assert not torch.equal(first["blocks.0.attn.qkv.weight"], first["blocks.1.attn.qkv.weight"])
+    # A digest of the name, the same in every process (Python's hash() of a str is not).
+    assert parameter_seed(1337, "tok_emb.weight") == 6542469318479812424
 
 
 def test_weight_decay_applies_to_linear_weights_only():

@@ -8,12 +8,16 @@ import sys
 
 import pytest
 import torch
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 from helpers import (REPO, TORCHRUN, assert_ok, final_state, run, run_main, run_probe, run_with_restarts,
                      tiny_overrides)
 from errors import ConfigError
+from init_probe import FULL_STATE, PLACEMENTS, SEED, TINY, placed
 from metrics import default_metrics_path, read_metrics
+from model import GPT
 from parallel import check_nodes_for_hsdp
+from process_group import DistEnv
 from state_equality import assert_same_state
 
 
@@ -208,3 +212,39 @@ def test_activation_checkpointing_gives_the_same_step_from_fewer_saved_bytes(gra
     for rank in range(2):
         saved = json.loads((grad_sync / f"activations_rank{rank}.json").read_text())[method]
         assert all(0 < full < none / 3 for full, none in zip(saved["full"], saved["none"])), saved
+
+
+@pytest.fixture(scope="module")
+def init_probe(tmp_path_factory):
+    """tests/init_probe.py on 2 ranks: meta-built models placed by each method, and a peak."""
+    out = tmp_path_factory.mktemp("init_probe")
+    assert_ok(run([*TORCHRUN, "--standalone", "--nproc_per_node=2", REPO / "tests" / "init_probe.py", out]))
+    return out
+
+
+def test_initial_weights_are_the_same_for_every_method_and_world_size(init_probe, world_of_one):
+    """Bit for bit: a model built whole (no parallelism), and built on the meta device then placed
+    by DDP, FSDP and FSDP with CPU offload, on 1 rank and on 2 (uneven shards included)."""
+    expected = GPT(TINY, seed=SEED).state_dict()
+    one_rank = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"),
+                       backend="gloo")
+    placements = {f"{name} on 1 rank": get_model_state_dict(placed(TINY, parallelism, one_rank),
+                                                            options=FULL_STATE)
+                  for name, parallelism in PLACEMENTS.items()}
+    placements.update({f"{name} on 2 ranks": torch.load(init_probe / f"{name}.pt", weights_only=True)
+                       for name in PLACEMENTS})
+    for placement, state in placements.items():
+        assert state.keys() == expected.keys(), placement
+        different = [name for name, value in expected.items() if not torch.equal(state[name], value)]
+        assert not different, f"{placement}: {different} differ"
+
+
+def test_fsdp_start_up_never_holds_the_whole_model(init_probe):
+    """A rank's resident memory, while a 101 MB model is built on the meta device and sharded over
+    2 ranks, peaks near its half (its shards) plus one parameter at a time (4 MB at most), never
+    near the whole model, as it would if the model were materialised before being sharded."""
+    for rank in range(2):
+        facts = json.loads((init_probe / f"peak_rank{rank}.json").read_text())
+        model = facts["model_bytes"]
+        assert model > 20 * facts["largest_parameter_bytes"]
+        assert 0.45 * model < facts["peak_rise"] < 0.75 * model, f"rank {rank}: {facts}"
