@@ -45,9 +45,10 @@ def benchmark_trainer(env: DistEnv, n_layer: int, n_head: int, n_embd: int, bloc
                       **trainer_settings) -> Iterator[Trainer]:
     """A Trainer built through the project's code, snapshotting into a scratch folder."""
     dataset = synthetic_dataset(block_size)
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd,
-                          vocab_size=dataset.vocab_size, block_size=block_size))
+    torch.manual_seed(0)  # dropout
+    with torch.device("meta"):  # as main.py builds it: the Trainer allocates (under FSDP, shards only)
+        model = GPT(GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                              vocab_size=dataset.vocab_size, block_size=block_size))
     with tempfile.TemporaryDirectory() as scratch:
         settings = {"data_loader_workers": 0, "use_amp": False, "snapshot_path": f"{scratch}/snap.pt",
                     **trainer_settings}
