@@ -144,13 +144,16 @@ def assert_stopped_and_saved(output: str, snapshot) -> int:
     return step
 
 
+@pytest.mark.parametrize("async_snapshots", [False, True])
 def test_sigterm_stops_one_process_with_a_snapshot_and_resumes_exactly(text_file, tmp_path,
-                                                                      unbroken_one_process):
+                                                                      unbroken_one_process, async_snapshots):
     snapshot = tmp_path / "snap.pt"
     overrides = one_process_overrides(text_file, snapshot)
-    status, output = stop_with_sigterm([sys.executable, MAIN, *overrides], {})
+    stopping = [*overrides, f"trainer_config.async_snapshots={async_snapshots}"]
+    status, output = stop_with_sigterm([sys.executable, MAIN, *stopping], {})
     assert status == STOP_EXIT_STATUS, output
     step = assert_stopped_and_saved(output, snapshot)
+    assert output.index(f"Snapshot saved at step {step}") < output.index("Stopping on SIGTERM")  # written
     resumed = run([sys.executable, MAIN, *overrides])
     assert_ok(resumed)
     assert f"(step {step}, sample {step * 32} of epoch 1)" in resumed.stdout
