@@ -72,17 +72,17 @@ def measure_pauses(env, args, path: str) -> dict:
     for async_snapshots in (False, True):
         with benchmark_trainer(env, args.layers, args.heads, args.embd, 128, batch_size=8, snapshot_path=path,
                                async_snapshots=async_snapshots) as trainer:
-            step_s = timed_steps(trainer, warmup=1, steps=1)  # and AdamW has state to save
+            timed_steps(trainer, warmup=1, steps=0)  # AdamW has state to save
             if async_snapshots:
                 results["async_first_pause_s"] = timed_save(trainer, steps=0)[0]
             saves = [timed_save(trainer, steps_between) for _ in range(args.repeats)]
             pause_s, with_steps_s = (min(times) for times in zip(*saves))
-            cost_s = with_steps_s - step_s * steps_between
+            steps_s = min(timed_steps(trainer, warmup=0, steps=steps_between) for _ in range(args.repeats))
         mode = "async" if async_snapshots else "sync"
-        results.update({f"{mode}_pause_s": pause_s, f"{mode}_cost_s": cost_s})
+        results.update({f"{mode}_pause_s": pause_s, f"{mode}_cost_s": with_steps_s - steps_s})
         if not async_snapshots:  # enough steps between saves to hide a write as long as this one
-            steps_between = max(1, math.ceil(pause_s / step_s))
-    results.update(step_s=step_s, steps_between_saves=steps_between)
+            steps_between = max(1, math.ceil(pause_s / steps_s))
+    results.update(step_s=steps_s / steps_between, steps_between_saves=steps_between)
     return results
 
 
