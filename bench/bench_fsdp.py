@@ -148,7 +148,8 @@ def report(results: list[dict]) -> None:
         for rank in result["ranks"]:
             snapshot = f"{rank['snapshot_s']:>10.1f}" if "snapshot_s" in rank else f"{'':>10}"
             print(f"{result['method']:<6} {rank['rank']:>4} {rank['state_mb']:>9.0f} "
-                  f"{rank['startup_peak_mb']:>11.0f} {rank['peak_mb']:>9.0f} {rank['activations_mb']:>14.1f} {rank['tokens_per_s']:>9.0f} "
+                  f"{rank['startup_peak_mb']:>11.0f} {rank['peak_mb']:>9.0f} {rank['activations_mb']:>14.1f} "
+                  f"{rank['tokens_per_s']:>9.0f} "
                   f"{100 * rank['communication_share']:>6.1f}% {snapshot}")
 
 

@@ -1,4 +1,5 @@
-"""Decisions every rank must take at the same step: stop on a signal, snapshot on a timer.
+"""Decisions every rank must take at the same step: stop on a signal, snapshot on a timer, stop
+because a background snapshot save failed.
 
 A cluster stops a job with a signal: SIGTERM at preemption or `scancel`, or one chosen with
 `sbatch --signal` before the time limit. It may reach some ranks and not others, at different
@@ -7,10 +8,11 @@ same way a snapshot every N minutes must be taken at the same step on every rank
 clocks differ.
 
 So after every step each rank posts what it wants (stop: the number of a signal it received; save:
-rank 0's timer has run out) to a small all-reduce (max) on a gloo group of its own. The all-reduce
-runs in gloo's background thread and is read one step later, when it has long finished: no rank
-waits for it, and on a GPU it never synchronises the device. Every rank reads the same result after
-the same step, so all act at the same step boundary, one step after the request.
+rank 0's timer has run out; save failed: its background snapshot writer ended with an error, which
+as a rule only the writing rank sees) to a small all-reduce (max) on a gloo group of its own. The
+all-reduce runs in gloo's background thread and is read one step later, when it has long finished:
+no rank waits for it, and on a GPU it never synchronises the device. Every rank reads the same
+result after the same step, so all act at the same step boundary, one step after the request.
 """
 import signal
 import time
@@ -55,6 +57,8 @@ class Decision:
     """The signal that asks the run to stop (a snapshot first), or None to carry on."""
     save: bool = False
     """Take a snapshot now (the timer of save_every_minutes ran out on rank 0)."""
+    save_failed: bool = False
+    """A background snapshot save failed on some rank: every rank stops, with its error."""
 
     @property
     def stop_signal_name(self) -> str:
@@ -79,12 +83,13 @@ class StepAgreement:
         """Only note it: a second signal, say during the last snapshot, changes nothing."""
         self.requested = self.requested or number
 
-    def after_step(self) -> Decision:
-        """Every rank calls this after every step; the ranks' wishes of the previous call decide."""
+    def after_step(self, save_failed: bool = False) -> Decision:
+        """Every rank calls this after every step, saying whether its background save failed; the
+        ranks' wishes of the previous call decide."""
         decision = self._collect()
         save_due = (self.is_main and not decision.save and self.save_interval_s > 0
                     and time.monotonic() - self._last_save >= self.save_interval_s)
-        wishes = torch.tensor([self.requested, int(save_due)], dtype=torch.int64)
+        wishes = torch.tensor([self.requested, int(save_due), int(save_failed)], dtype=torch.int64)
         self._in_flight = (dist.all_reduce(wishes, op=dist.ReduceOp.MAX, group=self._group, async_op=True),
                            wishes)
         return decision
@@ -99,8 +104,8 @@ class StepAgreement:
         work, wishes = self._in_flight
         work.wait()
         self._in_flight = None
-        stop, save = wishes.tolist()
-        return Decision(stop_signal=stop or None, save=bool(save))
+        stop, save, save_failed = wishes.tolist()
+        return Decision(stop_signal=stop or None, save=bool(save), save_failed=bool(save_failed))
 
     def close(self) -> None:
         """Finish the last exchange and give the signals back to their previous handlers."""

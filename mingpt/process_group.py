@@ -132,6 +132,11 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def any_rank(flag: bool) -> bool:
+    """Whether flag holds on any rank; every rank gets the same answer."""
+    return bool(all_reduce_sum(torch.tensor([int(flag)]))[0])
+
+
 def all_gather_objects(obj: object) -> list:
     """Every rank's obj, in rank order, on every rank."""
     gathered = [None] * dist.get_world_size()

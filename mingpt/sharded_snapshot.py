@@ -20,10 +20,11 @@ import pickle
 import re
 import sys
 from dataclasses import replace
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import fsspec
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
@@ -114,20 +115,36 @@ def _sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[
 class ShardedSnapshotStore:
     """A folder of sharded snapshots; the interface matches snapshot.SnapshotStore."""
 
-    def __init__(self, path: str, keep_last: int):
+    def __init__(self, path: str, keep_last: int, process_group: Optional[dist.ProcessGroup] = None):
         self.path = path.rstrip("/")
         self.keep_last = keep_last
         self.folder = self.path
+        self.process_group = process_group
+        """The group DCP's planning collectives use; a background save needs one of its own (None:
+        the default group, for saves in the training thread)."""
 
-    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: Snapshot, is_main: bool) -> str:
+    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: Snapshot, is_main: bool) -> None:
         """Every rank writes its shard; then rank 0 marks the folder complete and prunes old ones."""
+        self.capture(model, optimizer, info, is_main)()
+        barrier()  # no rank moves on (or exits) before the snapshot is complete
+
+    def capture(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: Snapshot, is_main: bool,
+                copy: Callable[[Any], Any] = lambda state: state) -> Callable[[], None]:
+        """The part of a save each rank takes now: its shards, passed through copy (a staging copy,
+        for a background write). Returns the write, for every rank to run, now or in the background."""
+        tensors, param_groups = copy(_sharded_state(model, optimizer))
+        info_without_tensors = replace(info, optimizer_state={"param_groups": param_groups})
+        return lambda: self._write(tensors, info_without_tensors, is_main)
+
+    def _write(self, tensors: dict, info: Snapshot, is_main: bool) -> None:
+        """dcp.save on every rank. It returns on rank 0 only once every rank's shards are written
+        (each rank's write result is gathered there before .metadata is written), so rank 0 can
+        then write info.pt, which marks the folder complete."""
         target = f"{self.path}/sharded_{info.step:09d}"
-        tensors, param_groups = _sharded_state(model, optimizer)
         try:
-            dcp.save(tensors, checkpoint_id=target)
+            dcp.save(tensors, checkpoint_id=target, process_group=self.process_group)
             if is_main:
-                info_without_tensors = replace(info, optimizer_state={"param_groups": param_groups})
-                write_snapshot(info_without_tensors, f"{target}/{_INFO}")
+                write_snapshot(info, f"{target}/{_INFO}")
                 for old in self._entries()[: -self.keep_last]:
                     fs, old_path = fsspec.core.url_to_fs(old)
                     fs.rm(old_path, recursive=True)
@@ -136,8 +153,6 @@ class ShardedSnapshotStore:
         except DCP_ERRORS as e:
             raise SnapshotError(f"could not write sharded snapshot {target} ({_reason(e)}); check "
                                 "trainer_config.snapshot_path, its credentials and free space") from None
-        barrier()  # no rank moves on (or exits) before the snapshot is complete
-        return target
 
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, model_config: dict,
                 vocab: list[str]) -> tuple[Optional[Snapshot], Optional[str]]:

@@ -18,8 +18,8 @@ import io
 import os
 import re
 import uuid
-from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Optional
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable, Optional
 
 import fsspec
 import torch
@@ -75,6 +75,11 @@ class Snapshot(Progress):
     def progress(self) -> Progress:
         return Progress(**{f.name: getattr(self, f.name) for f in fields(Progress)})
 
+    def as_dict(self) -> dict[str, Any]:
+        """The fields as a dict holding the same objects: dataclasses.asdict would deep-copy every
+        tensor, a second copy of the whole state made during every save."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
     def check_matches(self, model_config: dict[str, Any], vocab: list[str], path: str) -> None:
         """Refuse a snapshot of another model shape or vocabulary, naming what differs."""
         shape_keys = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size")
@@ -95,7 +100,7 @@ def write_snapshot(snapshot: Snapshot, path: str) -> None:
     try:
         make_folder(fs, fs._parent(target))
         with fs.open(temporary, "wb") as f:
-            torch.save(asdict(snapshot), f)
+            torch.save(snapshot.as_dict(), f)
             if isinstance(fs, LocalFileSystem):
                 f.flush()
                 os.fsync(f.fileno())  # the rename below must not expose unwritten blocks
@@ -171,17 +176,30 @@ class SnapshotStore:
         """Where snapshots (and the metrics beside them) live."""
         return self.path.rstrip("/") if self.is_folder else parent_folder(self.path)
 
-    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: Snapshot, is_main: bool) -> str:
+    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: Snapshot, is_main: bool) -> None:
         """Gather the full state (every rank takes part); global rank 0 writes it with info."""
+        self.capture(model, optimizer, info, is_main)()
+
+    def capture(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: Snapshot, is_main: bool,
+                copy: Callable[[Any], Any] = lambda state: state) -> Callable[[], None]:
+        """The part of a save every rank takes now: gather the full state to rank 0, passed through
+        copy (a staging copy, for a background write). Returns the write, for rank 0 to run now or
+        in the background (on the other ranks it does nothing)."""
         model_state, optimizer_state = gather_full_state(model, optimizer)
-        target = f"{self.folder}/snapshot_{info.step:09d}.pt" if self.is_folder else self.path
-        if is_main:
-            write_snapshot(replace(info, model_state=model_state, optimizer_state=optimizer_state), target)
-            if self.is_folder:
-                for old in self._entries()[: -self.keep_last]:
-                    fs, old_path = fsspec.core.url_to_fs(old)
-                    fs.rm(old_path)
-        return target
+        if not is_main:
+            return lambda: None
+        model_state, optimizer_state = copy((model_state, optimizer_state))
+        snapshot = replace(info, model_state=model_state, optimizer_state=optimizer_state)
+        return lambda: self._write(snapshot)
+
+    def _write(self, snapshot: Snapshot) -> None:
+        """Write the snapshot; in a folder, then drop all but the newest keep_last."""
+        target = f"{self.folder}/snapshot_{snapshot.step:09d}.pt" if self.is_folder else self.path
+        write_snapshot(snapshot, target)
+        if self.is_folder:
+            for old in self._entries()[: -self.keep_last]:
+                fs, old_path = fsspec.core.url_to_fs(old)
+                fs.rm(old_path)
 
     def read_latest(self, key: str = TRAINING_KEY) -> tuple[Optional[Snapshot], Optional[str]]:
         """The newest snapshot and its path, or (None, None)."""

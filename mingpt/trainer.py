@@ -9,22 +9,26 @@ Beyond the original: a step budget (`max_steps`) and evaluation every `eval_ever
 a fixed subset (`eval_batches`), for corpora whose epochs are too long to count in; snapshots also
 every `save_every_steps` steps or `save_every_minutes` minutes; and a stop signal (SIGTERM, SIGUSR1:
 preemption, a time limit) ends the run cleanly with a snapshot, at the same step on every rank
-(control.py). A run resumed from any snapshot continues with the next unseen sample of the epoch's
-global order: at the same world size it replays the unbroken run exactly (the same dropout masks
-too); at another world size every sample of the epoch is still trained once.
+(control.py). With `async_snapshots` a snapshot costs training only a copy of the state; a
+background thread writes it (background_save.py). A run resumed from any snapshot continues with
+the next unseen sample of the epoch's global order: at the same world size it replays the unbroken
+run exactly (the same dropout masks too); at another world size every sample of the epoch is still
+trained once.
 """
 import contextlib
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from torch.utils.data import Dataset
 
 from activation_checkpointing import CHECKPOINTING_MODES, checkpoint_blocks
+from background_save import BackgroundSaves
 from control import RunStopped, StepAgreement, check_signal_names
 from data_loader import make_dataloader
-from errors import check, check_positive
+from errors import SnapshotError, check, check_positive
 from flops import peak_flops
 from logger import clear_status, log, warn_once
 from memory import check_memory, plan_memory
@@ -43,7 +47,7 @@ from parallel import (
     unwrap,
 )
 from precision import AMP_DTYPES, resolve_precision
-from process_group import DEFAULT_TIMEOUT_S, DistEnv, all_gather_objects, all_reduce_sum
+from process_group import DEFAULT_TIMEOUT_S, DistEnv, all_gather_objects, all_reduce_sum, any_rank
 from sharded_snapshot import ShardedSnapshotStore
 from snapshot import Progress, Snapshot, SnapshotStore
 from storage import check_writable, parent_folder
@@ -86,6 +90,10 @@ class TrainerConfig:
     snapshot_format: str = "single"
     """single: one file per snapshot, gathered on rank 0. sharded: each rank writes its shard
     (torch.distributed.checkpoint), for models too large to gather; snapshot_path is a folder."""
+    async_snapshots: bool = False
+    """Training waits only while the state is copied (into host memory kept for it: one more copy
+    of the state); a background thread writes the snapshot. "Snapshot saved" is logged once written;
+    a failed write stops every rank with its error."""
     use_amp: bool = True
     """Mixed precision: see amp_dtype, and precision.py for what each device does."""
     amp_dtype: str = "float16"
@@ -144,8 +152,11 @@ class TrainerConfig:
 
 
 def open_snapshot_store(config: TrainerConfig):
+    """Every rank calls this, at the same point: a background sharded save gets a gloo group of its
+    own, so that its collectives (DCP's planning) never interleave with training's on one group."""
     if config.snapshot_format == "sharded":
-        return ShardedSnapshotStore(config.snapshot_path, config.keep_last)
+        group = dist.new_group(backend="gloo") if config.async_snapshots else None
+        return ShardedSnapshotStore(config.snapshot_path, config.keep_last, process_group=group)
     return SnapshotStore(config.snapshot_path, config.keep_last)
 
 
@@ -200,6 +211,8 @@ class Trainer:
                                              shuffle=True)
         self.test_loader = self._test_loader(test_dataset) if test_dataset else None
         self.snapshots = open_snapshot_store(config)
+        self.saves = BackgroundSaves()
+        """The snapshot writer of async_snapshots."""
         metrics_path = config.metrics_path or default_metrics_path(config.snapshot_path)
         if env.is_main:
             check_writable(self.snapshots.folder, "trainer_config.snapshot_path")
@@ -227,7 +240,7 @@ class Trainer:
     def train(self) -> None:
         """Epochs until the budget (max_epochs, or max_steps) is spent; raises RunStopped when a
         stop signal ended the run early (after its snapshot)."""
-        with self._step_agreement() as self.agreement:
+        with self._step_agreement() as self.agreement, self._saves_ended_on_error():
             while not self._budget_spent():
                 epoch = self.progress.finished_epoch + 1
                 self._train_epoch(epoch)
@@ -235,6 +248,7 @@ class Trainer:
                     self._end_epoch(epoch)
             if self.config.max_steps and self._last_saved_step != self.progress.step:
                 self._save_snapshot(f"step {self.progress.step} (the last)")
+            self._finish_saves()
         clear_status()
         self.metrics.close()
 
@@ -270,6 +284,17 @@ class Trainer:
         finally:
             agreement.close()
             self.agreement = None  # its group and signal handlers are gone: saves after train() go without it
+
+    @contextlib.contextmanager
+    def _saves_ended_on_error(self):
+        """When training fails, the background save in flight is still finished (it is whole or not
+        there: the write is atomic) before the process goes on to exit; the training error is the
+        one reported."""
+        try:
+            yield
+        except BaseException:
+            self.saves.finish()
+            raise
 
     def _dataloader(self, dataset: Dataset, batch_size: int, shuffle: bool, limit: Optional[int] = None):
         return make_dataloader(dataset, batch_size, self.config.data_loader_workers,
@@ -341,12 +366,15 @@ class Trainer:
         if self.config.eval_every_steps and step % self.config.eval_every_steps == 0 and self.test_loader:
             self.evaluate(epoch)
             self.monitor.restart_window()
-        decision = self.agreement.after_step()
+        decision = self.agreement.after_step(save_failed=self.saves.failed())
+        if decision.save_failed:
+            self._finish_saves()  # raises on every rank
         if decision.save and self._last_saved_step != step:
             self._save_snapshot(f"step {step} ({self.config.save_every_minutes:g} minutes since the last)")
         if decision.stop_signal:
             if self._last_saved_step != step:
                 self._save_snapshot(f"step {step}")
+            self._finish_saves()  # "saved" below means written
             clear_status()
             log.info(f"Stopping on {decision.stop_signal_name}: snapshot saved at step {step}")
             raise RunStopped(decision.stop_signal_name)
@@ -416,8 +444,12 @@ class Trainer:
         return mean_loss.item()
 
     def _save_snapshot(self, when: str) -> None:
-        """Every rank takes part (state, shards and RNG states); global rank 0 writes the rest."""
+        """Every rank takes part (state, shards and RNG states); global rank 0 writes the rest.
+
+        With async_snapshots, once the previous save is finished, the state is copied and a
+        background thread writes it; "Snapshot saved" is logged when it is written."""
         self.metrics.flush()  # the metrics file holds at least what the snapshot covers
+        self._finish_saves()
         info = Snapshot(
             **asdict(self.progress),
             scaler_state=self.scaler.state_dict(),
@@ -425,11 +457,30 @@ class Trainer:
             vocab=self.vocab,
             model_config=asdict(unwrap(self.model).config),
         )
-        self.snapshots.save(self.model, self.optimizer, info, self.env.is_main)
+        if self.config.async_snapshots:
+            write = self.snapshots.capture(self.model, self.optimizer, info, self.env.is_main,
+                                           copy=self.saves.staging.copy)
+
+            def write_and_log() -> None:
+                write()
+                log.info(f"Snapshot saved at {when}")
+
+            self.saves.submit(write_and_log)
+        else:
+            self.snapshots.save(self.model, self.optimizer, info, self.env.is_main)
+            log.info(f"Snapshot saved at {when}")
         self._last_saved_step = self.progress.step
         if self.agreement is not None:
             self.agreement.saved()
-        log.info(f"Snapshot saved at {when}")
+
+    def _finish_saves(self) -> None:
+        """Wait for the background save in flight (async_snapshots). Every rank takes part: when
+        the save failed on any rank, every rank raises here, the writing rank its own error."""
+        if not self.config.async_snapshots:
+            return
+        error = self.saves.finish()
+        if any_rank(error is not None):
+            raise error or SnapshotError("a background snapshot save failed on another rank; see its error")
 
     def _resume(self) -> None:
         """Restore the newest snapshot, if any, into the model, optimizer, scaler and progress."""

@@ -52,3 +52,13 @@ def test_only_rank_zero_keeps_the_time(world_of_one):
         assert [agreement.after_step() for _ in range(3)] == [Decision()] * 3
     finally:
         agreement.close()
+
+
+def test_a_failed_background_save_is_carried_to_every_rank_one_step_later(world_of_one):
+    agreement = StepAgreement([], save_every_minutes=0, is_main=False)
+    try:
+        assert agreement.after_step(save_failed=True) == Decision()  # posted now, read after the next step
+        assert agreement.after_step() == Decision(save_failed=True)
+        assert agreement.after_step() == Decision()
+    finally:
+        agreement.close()

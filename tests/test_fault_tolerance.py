@@ -26,20 +26,40 @@ def unbroken(text_file, tmp_path_factory):
     return final_state(snapshot)
 
 
-@pytest.mark.parametrize("fault, fault_rank, resumed_from", [
-    ("step:37", 1, "Resuming training from snapshot at Epoch 0 (step 30, sample 1920 of epoch 1)"),
-    ("epoch_snapshot:1", 1, "Resuming training from snapshot at Epoch 1"),
-    ("eval:1", 1, "Resuming training from snapshot at Epoch 1"),
+AT_STEP_30 = "Resuming training from snapshot at Epoch 0 (step 30, sample 1920 of epoch 1)"
+ASYNC = {"trainer_config__async_snapshots": True}
+SHARDED = {"trainer_config__snapshot_format": "sharded"}
+
+
+@pytest.mark.parametrize("fault, fault_rank, resumed_from, settings", [
+    ("step:37", 1, AT_STEP_30, {}),
+    ("epoch_snapshot:1", 1, "Resuming training from snapshot at Epoch 1", {}),
+    ("eval:1", 1, "Resuming training from snapshot at Epoch 1", {}),
     # The writer itself, half-way through the step-40 snapshot: the one of step 30 is resumed.
-    ("snapshot_write:40", 0, "Resuming training from snapshot at Epoch 0 (step 30, sample 1920 of epoch 1)"),
+    ("snapshot_write:40", 0, AT_STEP_30, {}),
+    # Snapshots written in the background while training went on to step 37: each holds its step.
+    pytest.param("step:37", 1, AT_STEP_30, ASYNC, id="async"),
+    pytest.param("step:37", 1, AT_STEP_30, {**ASYNC, **SHARDED}, id="async-sharded"),
 ])
 def test_killed_worker_restarts_and_ends_bitwise_equal(text_file, tmp_path, unbroken, fault, fault_rank,
-                                                       resumed_from):
-    snapshot = tmp_path / "snap.pt"
-    result = run_with_restarts(text_file, snapshot, fault, fault_rank)
+                                                       resumed_from, settings):
+    sharded = settings.get("trainer_config__snapshot_format") == "sharded"
+    snapshot = tmp_path / ("snaps" if sharded else "snap.pt")
+    result = run_with_restarts(text_file, snapshot, fault, fault_rank, **settings)
     assert f"failed (exitcode: -9) local_rank: {fault_rank}" in result.stderr  # the planted SIGKILL happened
     assert resumed_from in result.stdout
-    assert_same_state(final_state(snapshot), unbroken)
+    assert_same_state(newest_state(snapshot), unbroken)
+
+
+def newest_state(snapshot):
+    """final_state of a single-file snapshot, or of the newest sharded one in a folder."""
+    if snapshot.suffix == ".pt":
+        return final_state(snapshot)
+    from sharded_snapshot import to_single_file
+
+    newest = sorted(snapshot.glob("sharded_*"))[-1]
+    to_single_file(str(newest), str(snapshot.parent / "converted.pt"))
+    return final_state(snapshot.parent / "converted.pt")
 
 
 HANG_MID_SAVE = """
@@ -124,13 +144,16 @@ def assert_stopped_and_saved(output: str, snapshot) -> int:
     return step
 
 
+@pytest.mark.parametrize("async_snapshots", [False, True])
 def test_sigterm_stops_one_process_with_a_snapshot_and_resumes_exactly(text_file, tmp_path,
-                                                                      unbroken_one_process):
+                                                                      unbroken_one_process, async_snapshots):
     snapshot = tmp_path / "snap.pt"
     overrides = one_process_overrides(text_file, snapshot)
-    status, output = stop_with_sigterm([sys.executable, MAIN, *overrides], {})
+    stopping = [*overrides, f"trainer_config.async_snapshots={async_snapshots}"]
+    status, output = stop_with_sigterm([sys.executable, MAIN, *stopping], {})
     assert status == STOP_EXIT_STATUS, output
     step = assert_stopped_and_saved(output, snapshot)
+    assert output.index(f"Snapshot saved at step {step}") < output.index("Stopping on SIGTERM")  # written
     resumed = run([sys.executable, MAIN, *overrides])
     assert_ok(resumed)
     assert f"(step {step}, sample {step * 32} of epoch 1)" in resumed.stdout

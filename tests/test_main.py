@@ -160,10 +160,12 @@ def test_snapshot_whose_pickle_calls_a_function_runs_nothing(text_file, trained_
     assert not marker.exists() and sha256(trained_snapshot) == before
 
 
-def test_unwritable_snapshot_folder_fails_cleanly(text_file, tmp_path):
+@pytest.mark.parametrize("async_snapshots", [False, True])
+def test_unwritable_snapshot_folder_fails_cleanly(text_file, tmp_path, async_snapshots):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    result = run_main(tiny_overrides(text_file, blocker / "snap.pt"))
+    result = run_main(tiny_overrides(text_file, blocker / "snap.pt",
+                                     trainer_config__async_snapshots=async_snapshots))
     assert "trainer_config.snapshot_path: cannot write to" in one_error_line(result)
     assert "Epoch 1 |" not in result.stdout  # refused before training
 

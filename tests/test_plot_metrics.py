@@ -125,7 +125,8 @@ def test_several_runs_share_the_axes_one_colour_each(metrics_file, tmp_path):
     runs = plot_metrics.load_runs([str(metrics_file), str(other)], ["fp32", "bf16"])
     ax = plot_metrics.plot_runs(runs, "compare").axes[0]
     lines = {line.get_label(): line for line in ax.get_lines()}
-    expected = {f"{run} {curve}" for run in ("fp32", "bf16") for curve in ("train loss (smoothed)", "eval loss")}
+    curves = ("train loss (smoothed)", "eval loss")
+    expected = {f"{run} {curve}" for run in ("fp32", "bf16") for curve in curves}
     assert expected <= set(lines)
     assert lines["fp32 eval loss"].get_color() == lines["fp32 train loss (smoothed)"].get_color()
     assert lines["fp32 eval loss"].get_color() != lines["bf16 eval loss"].get_color()

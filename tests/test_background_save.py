@@ -1,0 +1,91 @@
+"""background_save.py: the staging copy a background writer reads, and a write that fails mid-run."""
+import os
+import sys
+
+import torch
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+from torch.distributed.fsdp import fully_shard
+
+from background_save import BackgroundSaves, StagingBuffer
+from helpers import MAIN, assert_ok, run, run_main, sha256, tiny_overrides
+from parallel import gather_full_state
+from snapshot import read_snapshot
+from state_equality import assert_same_state
+from test_main import one_error_line
+
+
+def stepped_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, full: bool):
+    """One more optimizer step, then the state a snapshot takes: gathered whole (single-file) or
+    this rank's shards (sharded); either way views of the live tensors here, on the CPU."""
+    model(torch.ones(1, 4)).sum().backward()
+    optimizer.step()
+    if full:
+        return gather_full_state(model, optimizer)
+    return get_model_state_dict(model), get_optimizer_state_dict(model, optimizer)["state"]
+
+
+def local_values(state):
+    """Plain tensors (an FSDP shard's local part), cloned: what the state held at this moment."""
+    if isinstance(state, (dict, list, tuple)):
+        items = state.items() if isinstance(state, dict) else enumerate(state)
+        return {key: local_values(value) for key, value in items}
+    if isinstance(state, torch.Tensor):
+        return (state.to_local() if hasattr(state, "to_local") else state).clone()
+    return state
+
+
+def local_memory(tensor: torch.Tensor) -> int:
+    return (tensor.to_local() if hasattr(tensor, "to_local") else tensor).data_ptr()
+
+
+def test_the_staged_copy_shares_nothing_with_training_and_is_reused(world_of_one):
+    plain = torch.nn.Linear(4, 4)
+    sharded = fully_shard(torch.nn.Linear(4, 4))  # DTensor parameters on a CPU mesh of one
+    for model, full in ((plain, True), (sharded, False)):
+        optimizer = torch.optim.AdamW(model.parameters())
+        staging = StagingBuffer()
+        state = stepped_state(model, optimizer, full)
+        taken = local_values(state)
+        copy = staging.copy(state)
+        stepped_state(model, optimizer, full)  # training goes on while the writer writes
+        assert not torch.equal(local_values(state)[0]["weight"], taken[0]["weight"])  # views of live state
+        assert_same_state(local_values(copy), taken)  # the copy kept the step it was taken at
+        if not full:
+            assert type(copy[0]["weight"]) is type(state[0]["weight"])  # a DTensor, for DCP's planner
+            assert copy[0]["weight"].placements == state[0]["weight"].placements
+        again = staging.copy(stepped_state(model, optimizer, full))
+        assert local_memory(again[0]["weight"]) == local_memory(copy[0]["weight"])  # reused
+        assert_same_state(local_values(again), local_values(state))
+
+
+def test_finish_hands_over_the_writers_error_and_failed_never_waits():
+    saves = BackgroundSaves()
+    assert not saves.failed() and saves.finish() is None
+
+    def refused():
+        raise OSError("disk full")
+
+    saves.submit(refused)
+    error = saves.finish()
+    assert isinstance(error, OSError) and str(error) == "disk full"
+    assert saves.finish() is None  # handed over once
+
+
+def test_a_save_refused_mid_run_stops_the_run_with_its_error_and_keeps_the_previous_snapshot(
+        text_file, tmp_path):
+    """The disk refuses the resumed run's first snapshot (of step 50): a file size limit
+    (RLIMIT_FSIZE binds root too) of half a snapshot; the start-up probe writes an empty file."""
+    snapshot = tmp_path / "snap.pt"
+    assert_ok(run_main(tiny_overrides(text_file, snapshot, trainer_config__max_steps=20)))
+    before, limit = sha256(snapshot), snapshot.stat().st_size // 2
+    overrides = tiny_overrides(text_file, snapshot, trainer_config__max_steps=200,
+                               trainer_config__async_snapshots=True, trainer_config__save_every_steps=50)
+    result = run(["prlimit", f"--fsize={limit}", sys.executable, MAIN, *overrides])
+    line = one_error_line(result)
+    assert result.returncode == 1
+    assert line.startswith(f"error: could not write snapshot {snapshot} ("), line
+    assert "Snapshot saved at step 50" not in result.stdout  # logged only once written
+    # Stopped within a few steps of the failure, not at the next save (step 100).
+    assert "Iter 40 |" in result.stdout and "Iter 80 |" not in result.stdout
+    assert sha256(snapshot) == before and read_snapshot(str(snapshot)).step == 20
+    assert sorted(os.listdir(tmp_path)) == ["snap.metrics.jsonl", "snap.pt"]  # no temporary left
