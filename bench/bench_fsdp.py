@@ -60,7 +60,8 @@ def worker(args: argparse.Namespace) -> None:
     from process_group import all_gather_objects, distributed_session
 
     settings = dict(batch_size=args.batch_size, use_amp=args.amp, amp_dtype="bfloat16",
-                    distributed_method=args.method, activation_checkpointing=args.activation_checkpointing)
+                    distributed_method=args.method, activation_checkpointing=args.activation_checkpointing,
+                    reshard_after_forward=args.method == "ddp" or not args.keep_gathered)
     if args.snapshot_dir:
         settings.update(snapshot_format="sharded", snapshot_path=args.snapshot_dir)
     with distributed_session() as env:
@@ -135,7 +136,8 @@ def run_method(args: argparse.Namespace, method: str) -> dict:
 
 def forwarded(args: argparse.Namespace) -> list[str]:
     return [*shared_flags(args), "--batch-size", str(args.batch_size),
-            "--activation-checkpointing", args.activation_checkpointing] + (["--amp"] if args.amp else [])
+            "--activation-checkpointing", args.activation_checkpointing] + (
+                ["--amp"] if args.amp else []) + (["--keep-gathered"] if args.keep_gathered else [])
 
 
 def report(results: list[dict]) -> None:
@@ -164,6 +166,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--amp", action="store_true", help="use_amp (bf16 where the device has it)")
     parser.add_argument("--activation-checkpointing", choices=CHECKPOINTING_MODES, default="none",
                         help="trainer_config.activation_checkpointing")
+    parser.add_argument("--keep-gathered", action="store_true",
+                        help="FSDP: trainer_config.reshard_after_forward=False (gathered parameters kept "
+                             "from the forward to the backward pass)")
     parser.add_argument("--model-type", choices=PRESETS, default=None,
                         help="a named model instead of --layers/--heads/--embd (gpt2-large: 774M parameters)")
     parser.add_argument("--methods", default="ddp,fsdp", help="comma-separated: ddp, fsdp")

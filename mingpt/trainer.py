@@ -103,6 +103,10 @@ class TrainerConfig:
     node, replicated across nodes; needs 2 or more nodes with as many ranks each)."""
     cpu_offload: bool = False
     """fsdp or hsdp only: keep parameters (and optimizer state) in CPU memory."""
+    reshard_after_forward: bool = True
+    """fsdp or hsdp only: free each block's gathered parameters after its forward pass and gather
+    them again for the backward pass (the least memory; False keeps them, one all-gather fewer per
+    block and step, for up to a whole unsharded copy of the parameters until the backward pass)."""
     activation_checkpointing: str = "none"
     """none, or full: keep only each transformer block's input for the backward pass and recompute
     the block's activations there (about a third more compute for much less activation memory)."""
@@ -144,6 +148,8 @@ class TrainerConfig:
         sharded = self.distributed_method in SHARDED_METHODS
         check(not self.cpu_offload or sharded, "trainer_config.cpu_offload",
               "offloads shards; set trainer_config.distributed_method=fsdp or hsdp, or cpu_offload=False")
+        check(self.reshard_after_forward or sharded, "trainer_config.reshard_after_forward",
+              "applies to sharded methods; set trainer_config.distributed_method=fsdp or hsdp, or leave it True")
         check(self.activation_checkpointing in CHECKPOINTING_MODES, "trainer_config.activation_checkpointing",
               f"must be one of {', '.join(CHECKPOINTING_MODES)}, got {self.activation_checkpointing!r}")
         check(self.amp_dtype in AMP_DTYPES, "trainer_config.amp_dtype",
@@ -197,8 +203,8 @@ class Trainer:
         self.memory = plan_memory(sum(p.numel() * p.element_size() for p in model.parameters()),
                                   config.distributed_method, config.cpu_offload, env)
         check_memory(self.memory, env)  # before anything is allocated
-        self.model = parallelize(model, Parallelism(config.distributed_method, config.cpu_offload),
-                                 self.precision, env, compile=config.compile)
+        parallelism = Parallelism(config.distributed_method, config.cpu_offload, config.reshard_after_forward)
+        self.model = parallelize(model, parallelism, self.precision, env, compile=config.compile)
         self.optimizer_config = optimizer_config
         self.optimizer = create_optimizer(self.model, optimizer_config,
                                           allow_fused=fused_optimizer_allowed(self.model, self.precision))

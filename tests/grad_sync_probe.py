@@ -13,6 +13,8 @@ OUT_DIR/{method}_accum{n}.pt (the full model and optimizer state after the step)
 Then, for activation checkpointing, the accumulated step again with dropout on, without and with
 activation_checkpointing=full: OUT_DIR/{method}_dropout_{mode}.pt, and in
 OUT_DIR/activations_rank{N}.json the bytes each micro-batch's forward pass saved for backward.
+Last, FSDP's accumulated step with dropout once more, its gathered parameters kept from the forward
+to the backward pass (reshard_after_forward=False): OUT_DIR/fsdp_dropout_kept_after_forward.pt.
 """
 import json
 import sys
@@ -60,15 +62,15 @@ class CollectiveCount:
 
 
 def one_step(method: str, accum: int, dataset: CharDataset, inputs, targets, env, counter, name: str,
-             dropout: float = 0.0, activation_checkpointing: str = "none") -> tuple[list[int], list[int]]:
+             dropout: float = 0.0, **settings) -> tuple[list[int], list[int]]:
     """One train_step, its end state saved as OUT_DIR/{name}.pt; returns the collectives each
-    micro-batch's backward pass issued, and the bytes each forward pass saved for backward."""
+    micro-batch's backward pass issued, and the bytes each forward pass saved for backward.
+    settings: more TrainerConfig fields."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=dataset.vocab_size, block_size=16,
                           embd_pdrop=dropout, resid_pdrop=dropout, attn_pdrop=dropout))
     config = TrainerConfig(batch_size=BATCH // accum, grad_accum_steps=accum, data_loader_workers=0,
-                           use_amp=False, distributed_method=method,
-                           activation_checkpointing=activation_checkpointing,
+                           use_amp=False, distributed_method=method, **settings,
                            snapshot_path=f"memory://grad_sync/{name}/")
     trainer = Trainer(config, model, OptimizerConfig(learning_rate=3e-3), dataset, None, dataset.vocab, env)
     if method == "ddp":
@@ -118,3 +120,5 @@ if __name__ == "__main__":
                                 for mode in ("none", "full")}
                        for method in ("ddp", "fsdp")}
         (out_dir / f"activations_rank{env.rank}.json").write_text(json.dumps(activations))
+        one_step("fsdp", 2, dataset, inputs, targets, env, counter, "fsdp_dropout_kept_after_forward",
+                 dropout=0.1, reshard_after_forward=False)

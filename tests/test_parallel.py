@@ -200,6 +200,13 @@ def test_accumulated_micro_batches_equal_one_large_batch(grad_sync, method):
             assert off <= 1e-5, f"{name} {moment}: off by {off:.2g} of its largest element"
 
 
+def test_fsdp_keeping_gathered_parameters_until_backward_changes_no_bit(grad_sync):
+    """reshard_after_forward=False skips the backward pass's all-gathers; the step is the same."""
+    kept, resharded = (torch.load(grad_sync / f"fsdp_dropout_{name}.pt", weights_only=True)
+                       for name in ("kept_after_forward", "none"))
+    assert_same_state(kept, resharded)
+
+
 @pytest.mark.parametrize("method", ["ddp", "fsdp"])
 def test_activation_checkpointing_gives_the_same_step_from_fewer_saved_bytes(grad_sync, method):
     """With dropout on, 2 micro-batches: weights and AdamW state after the step are bitwise those
