@@ -26,7 +26,7 @@ def format_eta(seconds: float) -> str:
 
 class TrainingMonitor:
     def __init__(self, flops_per_token: int, peak_flops: Optional[float], world_size: int,
-                 total_steps: int, max_epochs: int, interval_s: float, active: bool):
+                 total_steps: int, max_epochs: Optional[int], interval_s: float, active: bool):
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
         """One device's peak in the precision training uses (flops.peak_flops); None: no MFU."""
@@ -76,5 +76,6 @@ class TrainingMonitor:
             filled = round(BAR_WIDTH * done)
             bar = f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {done:4.0%} "
         eta = format_eta(max(self.total_steps - step, 0) * seconds_per_step)
-        return (f"{bar}epoch {epoch}/{self.max_epochs} | step {step}/{self.total_steps} | "
+        epochs = f"/{self.max_epochs}" if self.max_epochs else ""  # none under a step budget
+        return (f"{bar}epoch {epoch}{epochs} | step {step}/{self.total_steps} | "
                 f"loss {loss:.4f} | {self.tokens_per_s:,.0f} tok/s{mfu} | ETA {eta}")

@@ -31,6 +31,8 @@ from storage import short_reason  # noqa: E402
 
 FIGURE_INCHES = (8.0, 4.5)
 DPI = 100  # FIGURE_INCHES * DPI = 800 x 450 pixels
+EVAL_MARKERS = "oxs^v"
+"""One per run, so that runs whose curves coincide still show each one's eval points."""
 SMOOTHING_WINDOW = 51
 """Steps in each local fit of the smoothed train line, at most a tenth of the run's steps."""
 
@@ -82,7 +84,7 @@ def plot_losses(train: list[dict[str, Any]], evals: list[dict[str, Any]], title:
 
 def plot_runs(runs: list[Run], title: str) -> Figure:
     """A figure of every run's loss curves; one run gets two colours (train, eval), several get one
-    colour each, with the eval points dashed between markers."""
+    colour each, with the eval points dashed between markers of the run's own shape."""
     fig, ax = plt.subplots(figsize=FIGURE_INCHES, dpi=DPI, layout="constrained")
     for index, run in enumerate(runs):
         single = len(runs) == 1
@@ -97,7 +99,8 @@ def plot_runs(runs: list[Run], title: str) -> Figure:
                     label=f"{name}train loss (smoothed)")
         if run.evals:
             ax.plot([line["tokens"] for line in run.evals], [line["loss"] for line in run.evals],
-                    color=eval_colour, marker="o", linewidth=1.5, linestyle="-" if single else "--",
+                    color=eval_colour, marker=EVAL_MARKERS[index % len(EVAL_MARKERS)], markerfacecolor="none"
+                    if index else eval_colour, linewidth=1.5, linestyle="-" if single else "--",
                     label=f"{name}eval loss (per epoch)" if single else f"{name}eval loss")
     ax.set_xlabel("tokens seen in training")
     ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 500k, 1M, rather than an offset like 1e6

@@ -238,7 +238,7 @@ class Trainer:
             peak_flops=peak_flops(env.device, self.precision.matmul_dtype) if env.is_main else None,
             world_size=env.world_size,
             total_steps=self.total_steps,
-            max_epochs=config.max_epochs,
+            max_epochs=None if config.max_steps else config.max_epochs,
             interval_s=config.progress_interval_s,
             active=env.is_main,
         )

@@ -176,6 +176,8 @@ def test_sigterm_to_the_launcher_stops_every_rank_at_one_step_and_resumes_exactl
     step = assert_stopped_and_saved(output, snapshot)
     assert output.count("Stopping on SIGTERM") == 1  # rank 0 speaks for both
     assert "Traceback" not in output.split("Stopping on SIGTERM")[0]
+    if launcher == "torchrun":
+        return  # what a resume does with a step snapshot does not depend on the launcher that stopped
     resumed = run([*TORCHRUN, "--standalone", "--nproc_per_node=2", MAIN, *overrides])
     assert_ok(resumed)
     assert f"Resuming training from snapshot at Epoch 0 (step {step}," in resumed.stdout

@@ -50,3 +50,10 @@ def test_rate_limited_and_silent_off_rank_zero(capsys, monkeypatch):
     quiet.update(1, 1, 500, torch.tensor(1.0))
     quiet.update(1, 10, 5000, torch.tensor(1.0))
     assert capsys.readouterr().out == "" and tracker.mfu is None
+
+
+def test_a_step_budget_shows_no_epoch_count(capsys, monkeypatch):
+    tracker = tracker_at(monkeypatch, [0.0, 10.0, 10.0, 10.0], max_epochs=None)
+    tracker.update(epoch=2, step=1, tokens=500, loss=torch.tensor(2.0))
+    tracker.update(epoch=2, step=11, tokens=5500, loss=torch.tensor(1.5))
+    assert "epoch 2 | step 11/30 |" in capsys.readouterr().out

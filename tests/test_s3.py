@@ -104,7 +104,7 @@ def test_an_upload_stopped_half_way_keeps_the_previous_snapshot(s3, s3_fs, stop)
         (received,) = bytes_in_flight(s3_fs, s3.bucket, prefix)
         assert received > PART  # the bytes really reached the server before the stop
         child.send_signal(stop)
-        assert child.wait(timeout=60) != 0
+        assert child.wait(timeout=180) != 0
     finally:
         child.kill()
         child.wait()
