@@ -136,15 +136,21 @@ def test_missing_token_file_says_to_prepare(tmp_path):
         open_token_file(tmp_path / "x.tokens")
 
 
-KILLABLE = """
-import sys, time, prepare_data
-prepare_data.CHUNK_BYTES = 64
+def slowed_preparation(chunk_bytes: int, pause_s: float) -> str:
+    """The start of a child script whose prepare_data writes chunk_bytes at a time, pausing after each."""
+    return f"""
+import json, os, sys, time, prepare_data
+prepare_data.CHUNK_BYTES = {chunk_bytes}
 write = prepare_data.write_ids
 def slow(chunks):
     for ids in chunks:
-        time.sleep(0.01)
+        time.sleep({pause_s})
         yield ids
 prepare_data.write_ids = lambda out, chunks: write(out, slow(chunks))
+"""
+
+
+KILLABLE = slowed_preparation(64, 0.01) + """
 prepare_data.prepare(sys.argv[1])
 """
 
@@ -180,15 +186,7 @@ def test_killed_preparation_leaves_no_partial_file(tmp_path):
     assert not leftovers()
 
 
-CONCURRENT = """
-import json, os, sys, time, prepare_data
-prepare_data.CHUNK_BYTES = 256
-write = prepare_data.write_ids
-def slow(chunks):
-    for ids in chunks:
-        time.sleep(0.002)
-        yield ids
-prepare_data.write_ids = lambda out, chunks: write(out, slow(chunks))
+CONCURRENT = slowed_preparation(256, 0.002) + """
 source, ready, go = sys.argv[1:]
 open(ready, "w").close()
 while not os.path.exists(go):
