@@ -4,11 +4,11 @@ point of training, and the samples each rank trains on recorded.
     FAULT=step:37 FAULT_RANK=1 torchrun ... tests/fault_injection.py [hydra overrides]
     RECORD_SAMPLES=DIR python tests/fault_injection.py [hydra overrides]
 
-FAULT is `step:N` (after optimizer step N), `epoch_snapshot:E` (right after the snapshot of epoch
-E), `eval:E` (as the eval pass of epoch E starts) or `snapshot_write:N` (half-way through writing
-the snapshot of step N: give FAULT_RANK=0, the writer). The kill happens on FAULT_RANK (default 1),
-in torchrun's first attempt only, so that the restarted workers can finish. `error:N` raises a
-user-facing error (say, a snapshot store that refused one rank) after step N instead of killing.
+FAULT is `step:N` (after optimizer step N), `eval:E` (as the eval pass of epoch E starts) or
+`snapshot_write:N` (half-way through writing the snapshot of step N: give FAULT_RANK=0, the
+writer). The kill happens on FAULT_RANK (default 1), in torchrun's first attempt only, so that the
+restarted workers can finish. `error:N` raises a user-facing error (say, a snapshot store that
+refused one rank) after step N instead of killing.
 
 RECORD_SAMPLES: each training batch a rank draws is appended to DIR/samples-rank<R>-<pid>.txt as
 `epoch index index ...` (split indices; run with data_loader_workers=0, so that nothing is drawn
@@ -75,8 +75,6 @@ def plant(fault: str) -> None:
     number = int(value)
     if kind == "step":
         kill_after("_advance", lambda trainer, args: trainer.progress.step == number)
-    elif kind == "epoch_snapshot":
-        kill_after("_save_snapshot", lambda trainer, args: args[0] == f"epoch {number}")
     elif kind == "eval":
         kill_after("evaluate", lambda trainer, args: args[0] == number)
     elif kind == "snapshot_write":
