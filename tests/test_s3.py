@@ -116,7 +116,8 @@ def test_an_upload_stopped_half_way_keeps_the_previous_snapshot(s3, s3_fs, stop)
 @pytest.mark.parametrize("case, env_overrides, path", [
     ("missing bucket", {}, "s3://no-such-bucket/snap.pt"),
     ("wrong credentials", {"AWS_SECRET_ACCESS_KEY": "wrong"}, None),
-    ("unreachable endpoint", {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, None),
+    # One attempt: botocore would retry a refused connection for about 8 s before giving up.
+    ("unreachable endpoint", {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_MAX_ATTEMPTS": "1"}, None),
 ])
 def test_unusable_s3_fails_before_training(text_file, s3, case, env_overrides, path):
     url = path or f"s3://{s3.bucket}/refused/snap.pt"
