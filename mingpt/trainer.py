@@ -149,7 +149,8 @@ class TrainerConfig:
         check(not self.cpu_offload or sharded, "trainer_config.cpu_offload",
               "offloads shards; set trainer_config.distributed_method=fsdp or hsdp, or cpu_offload=False")
         check(self.reshard_after_forward or sharded, "trainer_config.reshard_after_forward",
-              "applies to sharded methods; set trainer_config.distributed_method=fsdp or hsdp, or leave it True")
+              "applies to sharded methods; set trainer_config.distributed_method=fsdp or hsdp, "
+              "or leave it True")
         check(self.activation_checkpointing in CHECKPOINTING_MODES, "trainer_config.activation_checkpointing",
               f"must be one of {', '.join(CHECKPOINTING_MODES)}, got {self.activation_checkpointing!r}")
         check(self.amp_dtype in AMP_DTYPES, "trainer_config.amp_dtype",

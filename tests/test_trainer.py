@@ -5,8 +5,10 @@ import re
 import pytest
 import torch
 
+from errors import ConfigError
 from helpers import assert_ok, run_main, tiny_overrides
 from metrics import default_metrics_path, read_metrics
+from trainer import TrainerConfig
 
 NO_DROPOUT = {"gpt_config__embd_pdrop": 0.0, "gpt_config__resid_pdrop": 0.0, "gpt_config__attn_pdrop": 0.0}
 
@@ -114,3 +116,10 @@ def test_snapshots_every_n_minutes_keep_their_cadence(text_file, tmp_path):
     assert all(gap > interval_s * 0.9 for gap in gaps), gaps
     # Due one interval after the last, a save comes about a step later (a stalled machine may delay one).
     assert min(gaps) < interval_s + 1.0, gaps
+
+
+def test_keeping_gathered_parameters_is_refused_where_nothing_is_sharded():
+    with pytest.raises(ConfigError) as refused:
+        TrainerConfig(reshard_after_forward=False)
+    assert str(refused.value).startswith("trainer_config.reshard_after_forward: applies to sharded methods")
+    TrainerConfig(reshard_after_forward=False, distributed_method="fsdp")  # accepted
