@@ -104,6 +104,18 @@ def _quiet_dcp():
         root.setLevel(level)
 
 
+@contextlib.contextmanager
+def _write_errors_reported(target: str):
+    """A failed write (DCP's, or pruning an old folder) as one SnapshotError line."""
+    try:
+        yield
+    except MinGPTError:
+        raise
+    except DCP_ERRORS as e:
+        raise SnapshotError(f"could not write sharded snapshot {target} ({_reason(e)}); check "
+                            "trainer_config.snapshot_path, its credentials and free space") from None
+
+
 def _sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, list]:
     """This rank's tensors (DTensor shards under FSDP, whole tensors under DDP) by parameter name,
     and the optimizer's param_groups (plain values, kept in info.pt: DCP would pickle them)."""
@@ -122,6 +134,11 @@ class ShardedSnapshotStore:
         self.process_group = process_group
         """The group DCP's planning collectives use; a background save needs one of its own (None:
         the default group, for saves in the training thread)."""
+        self._shards_step: Optional[int] = None
+        """The step whose shards this store last wrote or restored. A save at the same step (the
+        epoch's snapshot right after a step snapshot) rewrites info.pt only: the shards would be
+        the same, and rewriting them in place would leave a folder marked complete while they are
+        half-written."""
 
     def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: Snapshot, is_main: bool) -> None:
         """Every rank writes its shard; then rank 0 marks the folder complete and prunes old ones."""
@@ -132,27 +149,33 @@ class ShardedSnapshotStore:
                 copy: Callable[[Any], Any] = lambda state: state) -> Callable[[], None]:
         """The part of a save each rank takes now: its shards, passed through copy (a staging copy,
         for a background write). Returns the write, for every rank to run, now or in the background."""
-        tensors, param_groups = copy(_sharded_state(model, optimizer))
+        state = _sharded_state(model, optimizer)
+        target = f"{self.path}/sharded_{info.step:09d}"
+        if info.step == self._shards_step:
+            info_only = replace(info, optimizer_state={"param_groups": state[1]})
+            return lambda: self._complete(target, info_only, is_main)
+        self._shards_step = info.step
+        tensors, param_groups = copy(state)
         info_without_tensors = replace(info, optimizer_state={"param_groups": param_groups})
-        return lambda: self._write(tensors, info_without_tensors, is_main)
+        return lambda: self._write(target, tensors, info_without_tensors, is_main)
 
-    def _write(self, tensors: dict, info: Snapshot, is_main: bool) -> None:
+    def _write(self, target: str, tensors: dict, info: Snapshot, is_main: bool) -> None:
         """dcp.save on every rank. It returns on rank 0 only once every rank's shards are written
         (each rank's write result is gathered there before .metadata is written), so rank 0 can
         then write info.pt, which marks the folder complete."""
-        target = f"{self.path}/sharded_{info.step:09d}"
-        try:
+        with _write_errors_reported(target):
             dcp.save(tensors, checkpoint_id=target, process_group=self.process_group)
-            if is_main:
-                write_snapshot(info, f"{target}/{_INFO}")
-                for old in self._entries()[: -self.keep_last]:
-                    fs, old_path = fsspec.core.url_to_fs(old)
-                    fs.rm(old_path, recursive=True)
-        except MinGPTError:
-            raise
-        except DCP_ERRORS as e:
-            raise SnapshotError(f"could not write sharded snapshot {target} ({_reason(e)}); check "
-                                "trainer_config.snapshot_path, its credentials and free space") from None
+        self._complete(target, info, is_main)
+
+    def _complete(self, target: str, info: Snapshot, is_main: bool) -> None:
+        """Rank 0 writes info.pt (atomically: it replaces an older one whole) and prunes old folders."""
+        if not is_main:
+            return
+        with _write_errors_reported(target):
+            write_snapshot(info, f"{target}/{_INFO}")
+            for old in self._entries()[: -self.keep_last]:
+                fs, old_path = fsspec.core.url_to_fs(old)
+                fs.rm(old_path, recursive=True)
 
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, model_config: dict,
                 vocab: list[str]) -> tuple[Optional[Snapshot], Optional[str]]:
@@ -173,6 +196,7 @@ class ShardedSnapshotStore:
         except DCP_ERRORS as e:
             raise SnapshotError(f"sharded snapshot {folder} cannot be loaded ({_reason(e)}); move it "
                                 "away or set trainer_config.snapshot_path to another location") from None
+        self._shards_step = info.step
         return info, folder
 
     def _entries(self) -> list[str]:

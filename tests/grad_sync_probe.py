@@ -6,7 +6,8 @@ For ddp and then fsdp, one optimizer step of Trainer.train_step over a batch of 
 rank, taken whole (grad_accum_steps=1) and as 2 micro-batches of 16 (grad_accum_steps=2), from the
 same initial weights, without dropout. Each backward pass counts the gradient collectives it
 issued: DDP's all-reduces through a comm hook, FSDP's reduce-scatters (and any all-reduce) by
-counting calls of torch.distributed's functions. Writes OUT_DIR/syncs_rank{N}.json (per method and
+counting calls of torch.distributed's functions and, on the CPU, of the all_to_all reduce-scatter
+FSDP is given there (parallel.AllToAllReduceScatter). Writes OUT_DIR/syncs_rank{N}.json (per method and
 accumulation: the collectives of each micro-batch's backward pass) and, from rank 0,
 OUT_DIR/{method}_accum{n}.pt (the full model and optimizer state after the step).
 
@@ -30,6 +31,7 @@ import trainer as trainer_module  # noqa: E402
 from char_dataset import CharDataset  # noqa: E402
 from activation_checkpointing import saved_activations  # noqa: E402
 from model import GPT, GPTConfig, OptimizerConfig  # noqa: E402
+import parallel  # noqa: E402
 from parallel import gather_full_state  # noqa: E402
 from process_group import distributed_session  # noqa: E402
 from trainer import Trainer, TrainerConfig  # noqa: E402
@@ -49,10 +51,14 @@ class CollectiveCount:
         return default_hooks.allreduce_hook(None, bucket)
 
     def patch_torch_distributed(self) -> None:
-        """FSDP calls torch.distributed's functions through the module: count every reducing one."""
+        """FSDP calls torch.distributed's functions through the module: count every reducing one,
+        and the reduce-scatter parallel.py gives FSDP on the CPU (an all_to_all, which FSDP's
+        all-gathers use too, so all_to_all itself is not counted)."""
         for name in REDUCING:
             if hasattr(dist, name):
                 setattr(dist, name, self._counting(getattr(dist, name)))
+        reduce_scatter = parallel.AllToAllReduceScatter
+        reduce_scatter.__call__ = self._counting(reduce_scatter.__call__)
 
     def _counting(self, function):
         def counted(*args, **kwargs):

@@ -16,7 +16,7 @@ from errors import ConfigError
 from init_probe import FULL_STATE, PLACEMENTS, SEED, TINY, placed
 from metrics import default_metrics_path, read_metrics
 from model import GPT
-from parallel import check_nodes_for_hsdp
+from parallel import HostBuffers, check_nodes_for_hsdp
 from process_group import DistEnv
 from state_equality import assert_same_state
 
@@ -59,6 +59,27 @@ def test_hsdp_refuses_nodes_that_are_not_a_rectangle_of_ranks(ranks_per_node, pr
 def test_hsdp_accepts_two_or_more_nodes_of_equal_size():
     check_nodes_for_hsdp([2, 2, 2, 2])
     check_nodes_for_hsdp([1, 1])
+
+
+def storage_of(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
+def test_host_buffers_hand_a_buffer_out_again_only_once_nothing_refers_to_it():
+    """FSDP's collectives on the CPU reuse their block-sized buffers (parallel.HostBuffers): a
+    buffer still held, even only through a view of it or a pending work, must not be handed out."""
+    buffers = HostBuffers()
+    first = buffers.get(1000, torch.float32)
+    second = buffers.get(1000, torch.float32)
+    assert storage_of(second) != storage_of(first), "a buffer in use was handed out again"
+    kept = storage_of(first)
+    view = first[10:20]
+    del first
+    assert storage_of(buffers.get(1000, torch.float32)) != kept, "handed out while a view of it lived"
+    del view
+    assert storage_of(buffers.get(1000, torch.float32)) == kept, "a released buffer was not reused"
+    assert buffers.get(1000, torch.bfloat16).dtype == torch.bfloat16
+    assert buffers.get(500, torch.float32).numel() == 500
 
 
 def train(text_file, snapshot, method="fsdp", epochs=1, nproc=2, **extra):

@@ -9,6 +9,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -116,3 +117,25 @@ def test_metadata_that_would_run_code_is_refused(sharded_run, text_file, tmp_pat
     line = one_error_line(result)
     assert "sharded snapshot" in line and "cannot be loaded" in line and "refusing posix.system" in line
     assert not (tmp_path / "executed").exists() and sha256(metadata) == before
+
+
+def test_a_second_save_at_the_same_step_rewrites_info_only(world_of_one, tmp_path, monkeypatch):
+    """The epoch's snapshot right after a step snapshot of the same step: the shards are already
+    there, so only info.pt is written again. Rewriting them in place would leave, if the process were
+    killed meanwhile, half-written shards in a folder whose info.pt marks it complete."""
+    import sharded_snapshot
+    from model import GPT, GPTConfig
+    from snapshot import Snapshot
+
+    config = GPTConfig(n_layer=1, n_head=1, n_embd=8, vocab_size=4, block_size=4)
+    model = GPT(config)
+    optimizer = torch.optim.AdamW(model.parameters())
+    store = sharded_snapshot.ShardedSnapshotStore(str(tmp_path), keep_last=2)
+    info = Snapshot(step=7, epoch_step=7, vocab=list("abcd"), model_config=vars(config))
+    store.save(model, optimizer, info, is_main=True)
+    shard_writes = []
+    monkeypatch.setattr(sharded_snapshot.dcp, "save", lambda *args, **kwargs: shard_writes.append(args))
+    store.save(model, optimizer, replace(info, finished_epoch=1, epoch_step=0), is_main=True)
+    assert shard_writes == [], "the shards of step 7 were written again, in place"
+    written = read_snapshot(str(tmp_path / "sharded_000000007" / "info.pt"))
+    assert (written.finished_epoch, written.epoch_step) == (1, 0)
