@@ -37,6 +37,10 @@ class S3Server:
         }
 
 
+class MotoExited(RuntimeError):
+    """moto_server stopped before it answered: its port was taken."""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -47,7 +51,7 @@ def _wait_until_up(endpoint: str, process: subprocess.Popen, timeout_s: float = 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"moto_server exited with {process.returncode}")
+            raise MotoExited(f"moto_server exited with {process.returncode}")
         try:
             urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1)
             return
@@ -72,7 +76,18 @@ def _create_user_and_bucket(endpoint: str) -> tuple[str, str]:
     return key["AccessKeyId"], key["SecretAccessKey"]
 
 
-def start_s3_server(log_path: Path) -> tuple[S3Server, subprocess.Popen]:
+def start_s3_server(log_path: Path, attempts: int = 3) -> tuple[S3Server, subprocess.Popen]:
+    """A moto server on a free port; another port if that one was taken meanwhile (the suite's
+    pytest workers each start their own)."""
+    for attempt in range(attempts):
+        try:
+            return _start_s3_server(log_path)
+        except MotoExited:
+            if attempt == attempts - 1:
+                raise
+
+
+def _start_s3_server(log_path: Path) -> tuple[S3Server, subprocess.Popen]:
     moto_server = shutil.which("moto_server", path=str(Path(sys.executable).parent))
     if moto_server is None:
         raise FileNotFoundError("moto_server is not installed (pip install -r requirements.txt)")

@@ -1,10 +1,11 @@
 """control.py: signals and rank 0's snapshot timer, turned into decisions every rank reads alike."""
 import os
 import signal
-import time
+from types import SimpleNamespace
 
 import pytest
 
+import control
 from control import Decision, StepAgreement, check_signal_names, signal_number
 from errors import ConfigError
 
@@ -31,11 +32,20 @@ def test_a_signal_stops_the_run_one_step_later_and_a_second_changes_nothing(worl
     assert signal.getsignal(signal.SIGUSR1) == before  # the previous handler is back
 
 
-def test_the_timer_asks_for_one_snapshot_per_interval(world_of_one):
-    agreement = StepAgreement([], save_every_minutes=0.05 / 60, is_main=True)  # 50 ms
+@pytest.fixture
+def clock(monkeypatch) -> list[float]:
+    """control.py's monotonic clock, set by the test: no timing depends on the machine's load."""
+    now = [1000.0]
+    monkeypatch.setattr(control, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    return now
+
+
+def test_the_timer_asks_for_one_snapshot_per_interval(world_of_one, clock):
+    agreement = StepAgreement([], save_every_minutes=1, is_main=True)
     try:
+        clock[0] += 59
         assert agreement.after_step() == Decision()  # the timer has not run out
-        time.sleep(0.06)
+        clock[0] += 1
         assert agreement.after_step() == Decision()  # it has: asked now, decided next step
         assert agreement.after_step().save
         agreement.saved()
@@ -45,10 +55,10 @@ def test_the_timer_asks_for_one_snapshot_per_interval(world_of_one):
         agreement.close()
 
 
-def test_only_rank_zero_keeps_the_time(world_of_one):
-    agreement = StepAgreement([], save_every_minutes=1e-6, is_main=False)
+def test_only_rank_zero_keeps_the_time(world_of_one, clock):
+    agreement = StepAgreement([], save_every_minutes=1, is_main=False)
     try:
-        time.sleep(0.01)
+        clock[0] += 120
         assert [agreement.after_step() for _ in range(3)] == [Decision()] * 3
     finally:
         agreement.close()
