@@ -72,7 +72,8 @@ MILESTONES = {"data_loaded_s": re.compile(r"Data has \d+ characters"),
               "trainer_built_s": re.compile(r"^Model: GPT"),
               "first_step_s": FIRST_STEP}
 PROJECT_FRAME = re.compile(r'File "[^"]*/mingpt/([\w.]+)", line (\d+), in (\w+)')  # traceback lines
-ALLOCATION_FAILED = re.compile(r"tried to allocate \d+ bytes|MemoryError|Cannot allocate memory|std::bad_alloc")
+ALLOCATION_FAILED = re.compile(
+    r"tried to allocate \d+ bytes|MemoryError|Cannot allocate memory|std::bad_alloc")
 EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?([\w.]*(?:Error|Exception)\w*:.*)$", re.M)
 
 
@@ -94,7 +95,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--memory-cap-gb", type=float, default=4.0,
                    help="RLIMIT_DATA of every child process (0: none)")
     p.add_argument("--timeout-s", type=float, default=1200, help="per child process")
-    p.add_argument("--json", "--out", type=Path, default=RESULTS / "data.json", help="where to write the figures")
+    p.add_argument("--json", "--out", type=Path, default=RESULTS / "data.json",
+                   help="where to write the figures")
     p.add_argument("--measure-loader", type=Path, help=argparse.SUPPRESS)  # child mode: a text's loader
     args = p.parse_args(argv)
     for name in ("mb", "small_mb", "steps", "loader_batches", "loader_batch_size", "block_size", "poll_s",
@@ -108,7 +110,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # ------------------------------------------------------------------------------------------ the texts
 
-MULTIBYTE_WORDS = ("café", "naïve", "señor", "über", "déjà", "cœur", "façade", "—", "“so”", "Zoë")
+MULTIBYTE_WORDS = (
+    "café", "naïve", "señor", "über", "déjà", "cœur", "façade", "—", "“so”", "Zoë")
 
 
 def line_pool(rng: random.Random, lines: int = 20_000) -> list[bytes]:
@@ -199,7 +202,8 @@ class Finished:
         if found:
             return f"exit {self.returncode}: allocation failed under the memory cap ({found.group(0)}){where}"
         raised = EXCEPTION_LINE.findall(self.stderr)
-        tail = raised[-1:] or [line for line in self.stderr.splitlines() if line.strip()][-1:] or ["(no stderr)"]
+        written = [line for line in self.stderr.splitlines() if line.strip()]
+        tail = raised[-1:] or written[-1:] or ["(no stderr)"]
         return f"exit {self.returncode}: {tail[0][-300:]}{where}"
 
 
@@ -220,7 +224,8 @@ import os, resource, subprocess, sys
 cap, report, command = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
 if cap:
     hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
-    resource.setrlimit(resource.RLIMIT_DATA, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
+    soft = cap if hard == resource.RLIM_INFINITY else min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
 child = subprocess.Popen(command)
 _, status, usage = os.wait4(child.pid, 0)
 child.returncode = code = os.waitstatus_to_exitcode(status)
@@ -283,7 +288,8 @@ def measure_prepare(text: Path, args) -> dict:
         run = run_child([sys.executable, PREPARE, text], REPO, args)
         said = " ".join(line for _, line in run.lines)
         tool_rate = re.search(r"([\d.]+) MB/s", said)
-        result[name] = {"seconds": run.seconds, "mb_per_s": size_mb / run.seconds, "peak_rss_mb": run.peak_rss_mb,
+        result[name] = {"seconds": run.seconds, "mb_per_s": size_mb / run.seconds,
+                        "peak_rss_mb": run.peak_rss_mb,
                         "tool_mb_per_s": float(tool_rate.group(1)) if tool_rate else None,
                         "output": said, "error": run.error()}
     if result["from_scratch"]["error"] is None:
@@ -297,7 +303,8 @@ def train_overrides(text: Path, run_dir: Path, args) -> list[str]:
     """A tiny model on the whole text: start-up and the data path dominate, not the steps."""
     shutil.rmtree(run_dir, ignore_errors=True)  # a snapshot left there would be resumed from
     run_dir.mkdir(parents=True)
-    return [f"data_config.path={text}", "data_config.truncate=1.0", f"data_config.block_size={args.block_size}",
+    return [f"data_config.path={text}", "data_config.truncate=1.0",
+            f"data_config.block_size={args.block_size}",
             "gpt_config.n_layer=2", "gpt_config.n_head=2", "gpt_config.n_embd=64",
             "trainer_config.batch_size=8", f"trainer_config.max_steps={args.steps}",
             "trainer_config.log_every=1", "trainer_config.eval_every_steps=1000000000",
@@ -408,7 +415,8 @@ def measure_memory(text: Path, run_dir: Path, args) -> dict:
     memory = RankMemory()
     command = [*TORCHRUN, f"--nproc_per_node={NPROC}", MAIN, *train_overrides(text, run_dir, args)]
     run = run_child(command, run_dir.parent, args, poll=memory.sample)
-    return {"ranks": dict(sorted(memory.whole.items())), "ranks_training": dict(sorted(memory.training.items())),
+    return {"ranks": dict(sorted(memory.whole.items())),
+            "ranks_training": dict(sorted(memory.training.items())),
             "samples": memory.samples,
             "seconds": run.seconds, "error": run.error()}
 
@@ -500,6 +508,10 @@ def memory_cell(memory: dict, key: str) -> str:
     return cell + (" (until it failed)" if memory["error"] else "")
 
 
+def differences_cell(by_rank: dict) -> str:
+    return ", ".join(f"rank {r}: {'-' if d is None else f'{d:+,.0f}'}" for r, d in by_rank.items())
+
+
 def table(report: dict, args) -> list[tuple[str, str, str, str]]:
     prep, startup, memory, loader = report["prepare"], report["startup"], report["memory"], report["loader"]
     cold, warm = prep["from_scratch"], prep["up_to_date"]
@@ -519,16 +531,17 @@ def table(report: dict, args) -> list[tuple[str, str, str, str]]:
         (f"USS per rank, {big_mb:g} MB text (MB)", memory_cell(memory["big"], "uss"), "", ""),
         (f"USS per rank, {small_mb:g} MB text (MB)", memory_cell(memory["small"], "uss"), "", ""),
         ("  USS difference per rank (MB)",
-         ", ".join(f"rank {r}: {'-' if d is None else f'{d:+,.0f}'}" for r, d in memory["extra_uss_mb"].items()),
+         differences_cell(memory["extra_uss_mb"]),
          f"<= {TARGETS['extra_private_mb_per_rank']:.0f} MB", mark(v["extra_private_mb_per_rank"])),
         (f"PSS per rank, {big_mb:g} MB text (MB)", memory_cell(memory["big"], "pss"), "", ""),
         ("  PSS difference per rank (MB)",
-         ", ".join(f"rank {r}: {'-' if d is None else f'{d:+,.0f}'}" for r, d in memory["extra_pss_mb"].items()),
+         differences_cell(memory["extra_pss_mb"]),
          "", ""),
     ]
     for run in loader["runs"]:
-        rows.append((f"loader alone, {run['workers']} worker(s), {args.loader_batch_size} x {args.block_size}",
-                     f"{run['samples_per_s']:,.0f} samples/s (first batch {run['first_batch_s']:.2f} s)", "", ""))
+        batch = f"{args.loader_batch_size} x {args.block_size}"
+        speed = f"{run['samples_per_s']:,.0f} samples/s (first batch {run['first_batch_s']:.2f} s)"
+        rows.append((f"loader alone, {run['workers']} worker(s), {batch}", speed, "", ""))
     if loader["error"]:
         rows.append(("loader alone", "-", "", ""))
     return rows

@@ -45,7 +45,8 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from common import RESULTS, cpu_name, held_state_bytes, peak_memory, reset_peak_memory, save_json, synthetic_text
+from common import (RESULTS, cpu_name, held_state_bytes, peak_memory, reset_peak_memory, save_json,
+                    synthetic_text)
 
 import torch  # noqa: E402  (common puts mingpt/ on the path first)
 

@@ -91,10 +91,13 @@ def load_file_or_newest(path: str) -> tuple[Optional[Snapshot], Optional[str]]:
 
 
 def build_model(snapshot: Snapshot, path: str, device: torch.device) -> GPT:
-    """The GPT the snapshot was trained as, with its weights, in eval mode on device."""
+    """The GPT the snapshot was trained as, with its weights, in eval mode on device. Built on the
+    meta device and given the snapshot's tensors themselves (assign): no initial weights are drawn
+    only to be overwritten, and the model is in memory once."""
     try:
-        model = GPT(GPTConfig(**snapshot.model_config))
-        model.load_state_dict(snapshot.model_state)
+        with torch.device("meta"):
+            model = GPT(GPTConfig(**snapshot.model_config))
+        model.load_state_dict(snapshot.model_state, assign=True)
     except (TypeError, ValueError, RuntimeError) as e:  # a snapshot of another code version, or damaged
         raise SnapshotError(f"snapshot {path} does not rebuild a model ({short_reason(e)}); "
                             "was it written by another version of minGPT-DDP?") from None

@@ -55,7 +55,8 @@ def test_full_checkpointing_gives_the_same_gradients_from_fewer_saved_bytes(
     assert plain.keys() == checkpointed.keys()
     for name, grad in plain.items():
         assert grad.abs().max() > 0, f"{name}: no gradient"
-        assert torch.equal(checkpointed[name], grad), f"{name}: off by {(checkpointed[name] - grad).abs().max()}"
+        off_by = (checkpointed[name] - grad).abs().max()
+        assert torch.equal(checkpointed[name], grad), f"{name}: off by {off_by}"
     # Held per block: its input alone, instead of attention's and the MLP's intermediates.
     assert all(0 < full < none / 3 for full, none in zip(checkpointed_saved, plain_saved)), \
         (checkpointed_saved, plain_saved)
