@@ -45,7 +45,10 @@ class TrainConfig:
                   f"comes from {source}; do not set it")
 
 
-REPORTER_GRACE_S = 2.0
+REPORTER_GRACE_S = 5.0
+"""How long a rank other than local rank 0 waits before reporting its error: long enough for local
+rank 0, failing alike, to report and exit and for torchrun to stop the rest, on a loaded machine
+too (2 s was sometimes not); only an error of that rank's own is said this much later."""
 
 ConfigStore.instance().store(name="train_config_schema", node=TrainConfig)
 OmegaConf.register_new_resolver("repo_path", lambda relative: str(REPO_ROOT / relative), replace=True)

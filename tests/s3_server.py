@@ -77,8 +77,7 @@ def _create_user_and_bucket(endpoint: str) -> tuple[str, str]:
 
 
 def start_s3_server(log_path: Path, attempts: int = 3) -> tuple[S3Server, subprocess.Popen]:
-    """A moto server on a free port; another port if that one was taken meanwhile (the suite's
-    pytest workers each start their own)."""
+    """A moto server on a free port; another port if another process took that one meanwhile."""
     for attempt in range(attempts):
         try:
             return _start_s3_server(log_path)
