@@ -69,13 +69,13 @@ def worker(args: argparse.Namespace) -> None:
             with benchmark_trainer(env, args.layers, args.heads, args.embd, args.block_size,
                                    **settings) as trainer:
                 mine = measure(trainer, args)
+                params = sum(p.numel() for p in trainer.model.parameters())
         except MinGPTError as refused:  # the memory check, before anything was allocated
             if env.is_main:
                 emit({"method": args.method, "refused": str(refused)})
             return
         everyone = all_gather_objects(mine)
         if env.is_main:
-            params = sum(p.numel() for p in trainer.model.parameters())
             emit({"method": args.method, "params": params, "ranks": everyone})
 
 

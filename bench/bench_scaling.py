@@ -38,7 +38,6 @@ def worker(args: argparse.Namespace) -> None:
             if env.is_main:
                 tokens = args.steps * args.batch * env.world_size * args.block_size
                 emit({"ranks": env.world_size, "tokens_per_s": tokens / elapsed})
-            del trainer
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -43,7 +43,11 @@ def synthetic_dataset(block_size: int, chars: int = 200_000) -> CharDataset:
 @contextmanager
 def benchmark_trainer(env: DistEnv, n_layer: int, n_head: int, n_embd: int, block_size: int,
                       **trainer_settings) -> Iterator[Trainer]:
-    """A Trainer built through the project's code, snapshotting into a scratch folder."""
+    """A Trainer built through the project's code, snapshotting into a scratch folder.
+
+    On the way out its model and optimizer are dropped, while the caller's process-group session
+    is still open: a DDP model freed only once the caller's variable goes, after the group is
+    destroyed, sometimes hung the worker as it returned (seen about once in 12 DDP runs under load)."""
     dataset = synthetic_dataset(block_size)
     torch.manual_seed(0)  # dropout
     with torch.device("meta"):  # as main.py builds it: the Trainer allocates (under FSDP, shards only)
@@ -52,7 +56,11 @@ def benchmark_trainer(env: DistEnv, n_layer: int, n_head: int, n_embd: int, bloc
     with tempfile.TemporaryDirectory() as scratch:
         settings = {"data_loader_workers": 0, "use_amp": False, "snapshot_path": f"{scratch}/snap.pt",
                     **trainer_settings}
-        yield Trainer(TrainerConfig(**settings), model, OptimizerConfig(), dataset, None, dataset.vocab, env)
+        trainer = Trainer(TrainerConfig(**settings), model, OptimizerConfig(), dataset, None, dataset.vocab, env)
+        try:
+            yield trainer
+        finally:
+            trainer.model = trainer.optimizer = None
 
 
 def timed_steps(trainer: Trainer, warmup: int, steps: int, before_timing=lambda: None) -> float:
