@@ -5,10 +5,6 @@ x = text[i : i + block_size], y = text[i + 1 : i + block_size + 1]. The text is 
 streaming pass, into a token file (prepare_data.py) that every process of a machine maps, so memory
 does not grow with the corpus and ranks share one copy through the page cache.
 """
-import os
-import shutil
-import tempfile
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -23,9 +19,7 @@ from prepare_data import TokenFile, encode_text, open_token_file, prepare, token
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CORPUS = REPO_ROOT / "data" / "input.txt"
-CORPUS_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-CORPUS_URL_ENV = "MINGPT_CORPUS_URL"
-"""Environment variable that points the default-corpus download at a mirror."""
+"""tiny-shakespeare, committed as the original commits it: the default trains with no network."""
 
 SPLITS = ("random", "contiguous")
 
@@ -169,12 +163,11 @@ def open_corpus(config: DataConfig) -> CharDataset:
 
 
 def prepare_corpus(config: DataConfig) -> None:
-    """Fetch the default corpus if it is missing, then make (or check) the text's token file.
+    """Make (or check) the text's token file, reading the text once, from wherever it is.
 
     Call it on one process per machine and make the others wait: the token file is shared by every
     process of the machine through the page cache.
     """
-    ensure_default_corpus(config.path)
     prepare(config.path, config.cache_dir)
 
 
@@ -197,33 +190,3 @@ def split_dataset(dataset: CharDataset, config: DataConfig, seed: int) -> tuple[
             f"test samples of block_size {config.block_size}; use more text or a smaller block_size"
         )
     return train, test
-
-
-def is_default_corpus(path: str) -> bool:
-    return Path(path).resolve() == DEFAULT_CORPUS if "://" not in path else False
-
-
-def fetch_corpus(url: str, dest: Path, timeout_s: float = 30.0) -> None:
-    """Download url into dest atomically: a reader never sees a partial file."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name, suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout_s) as response:
-            shutil.copyfileobj(response, out)
-        os.replace(tmp, dest)
-    except OSError as e:
-        os.unlink(tmp)
-        raise DataError(
-            f"could not download the default corpus from {url} ({e}); put a UTF-8 text file at "
-            f"{dest} or set data_config.path"
-        ) from None
-
-
-def ensure_default_corpus(path: str) -> None:
-    """Fetch the tiny-shakespeare text into the default location when it is missing there.
-
-    Call it on one process per machine and make the others wait. Any other path is the user's:
-    it is read as given and never downloaded into.
-    """
-    if is_default_corpus(path) and not Path(path).exists():
-        fetch_corpus(os.environ.get(CORPUS_URL_ENV, CORPUS_URL), Path(path))

@@ -13,10 +13,23 @@ as a rule only the writing rank sees) to a small all-reduce (max) on a gloo grou
 all-reduce runs in gloo's background thread and is read one step later, when it has long finished:
 no rank waits for it, and on a GPU it never synchronises the device. Every rank reads the same
 result after the same step, so all act at the same step boundary, one step after the request.
+
+Every process of a run may receive the signal: Slurm signals every process of a job step, `timeout`
+and `kill -- -PGID` a whole process group, torchrun each worker's whole session. DataLoader workers
+therefore ignore the stop signals and Ctrl-C (`leave_stops_to_training`, their worker_init_fn) and
+the training process stops them itself once it has saved; a worker that dies of anything else is
+still reported by the DataLoader as before.
+
+Ctrl-C (SIGINT) is always a stop request: the first stops at the next step boundary with a snapshot,
+like SIGTERM; a second quits at once (KeyboardInterrupt), without a new snapshot, leaving the last
+complete one as it was (writes are atomic). Either way the process exits with status 130.
 """
+import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Optional
 
@@ -28,6 +41,12 @@ from errors import check
 STOP_EXIT_STATUS = 75
 """Exit status of a run stopped by a signal after saving its snapshot (EX_TEMPFAIL: try again
 later); resuming from the snapshot continues it."""
+INTERRUPT_EXIT_STATUS = 130
+"""Exit status after Ctrl-C (128 + SIGINT, what shells expect of an interrupted command), with or
+without a snapshot."""
+STOP_RECORD_ENV = "MINGPT_STOP_RECORD"
+"""A folder where each rank that stopped cleanly on a signal records its exit status (launch.py
+sets it, and exits 75 only when every rank did)."""
 
 
 def signal_number(name: str) -> int:
@@ -44,9 +63,36 @@ def check_signal_names(names: list[str], key: str) -> None:
             check(False, key, f"unknown signal {name!r}; use names such as SIGTERM or SIGUSR1")
 
 
+def exit_status_for(number: int) -> int:
+    return INTERRUPT_EXIT_STATUS if number == signal.SIGINT else STOP_EXIT_STATUS
+
+
 class RunStopped(Exception):
     """Raised on every rank, at the same step, once a stop signal's snapshot is written; main.py
-    then exits with STOP_EXIT_STATUS."""
+    then exits with `exit_status`: 130 after Ctrl-C, STOP_EXIT_STATUS otherwise."""
+
+    def __init__(self, number: int):
+        super().__init__(signal.Signals(number).name)
+        self.exit_status = exit_status_for(number)
+
+
+def record_clean_stop(exit_status: int) -> None:
+    """Tell the launcher (STOP_RECORD_ENV) that this rank stopped with its snapshot written."""
+    folder = os.environ.get(STOP_RECORD_ENV)
+    if folder:
+        (Path(folder) / f"rank{os.environ.get('RANK', '0')}").write_text(str(exit_status))
+
+
+def clean_stops(folder: Path) -> dict[int, int]:
+    """rank -> exit status, for every rank that recorded a clean stop in folder."""
+    return {int(path.name[len("rank"):]): int(path.read_text()) for path in folder.glob("rank*")}
+
+
+def leave_stops_to_training(numbers: tuple[int, ...], worker_id: int) -> None:
+    """A DataLoader worker's worker_init_fn: ignore the stop signals and Ctrl-C, which the training
+    process handles (it ends its workers itself; their watchdog ends them if it dies)."""
+    for number in numbers:
+        signal.signal(number, signal.SIG_IGN)
 
 
 @dataclass(frozen=True)
@@ -65,6 +111,15 @@ class Decision:
         return signal.Signals(self.stop_signal).name if self.stop_signal else ""
 
 
+CTRL_C_LINE = (b"\nCtrl-C: stopping at the end of this step with a snapshot; "
+               b"press Ctrl-C again to quit at once without one\n")
+
+
+def handled_signals(stop_signals: list[str]) -> tuple[int, ...]:
+    """The signals a training run handles: the configured stop signals, and Ctrl-C."""
+    return tuple(dict.fromkeys([*map(signal_number, stop_signals), int(signal.SIGINT)]))
+
+
 class StepAgreement:
     """Signals turned into a stop request, and rank 0's snapshot timer, agreed on by every rank."""
 
@@ -77,10 +132,16 @@ class StepAgreement:
         self._in_flight: Optional[tuple[dist.Work, torch.Tensor]] = None
         self._last_save = time.monotonic()
         self._previous_handlers = {number: signal.signal(number, self._on_signal)
-                                   for number in map(signal_number, stop_signals)}
+                                   for number in handled_signals(stop_signals)}
 
     def _on_signal(self, number: int, frame: Optional[FrameType]) -> None:
-        """Only note it: a second signal, say during the last snapshot, changes nothing."""
+        """Only note it: a second signal, say during the last snapshot, changes nothing; a second
+        Ctrl-C quits at once."""
+        if number == signal.SIGINT:
+            if self.requested:
+                raise KeyboardInterrupt
+            if self.is_main:  # os.write: print() may be in use by the code this handler interrupted
+                os.write(sys.stdout.fileno(), CTRL_C_LINE)
         self.requested = self.requested or number
 
     def after_step(self, save_failed: bool = False) -> Decision:

@@ -11,12 +11,14 @@ As DistributedSampler does, the last round is filled up to a multiple of the wor
 positions from the start of the epoch's order, so that every rank takes the same number of batches;
 up to world_size - 1 samples are seen twice in an epoch.
 """
+import functools
 import os
 from typing import Iterator, Optional
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from control import leave_stops_to_training
 from permutation import Permutation
 from process_group import DistEnv
 
@@ -67,21 +69,32 @@ class GlobalOrderSampler(Sampler[torch.Tensor]):
             yield order(batch) if order is not None else batch
 
 
-def usable_workers(requested: int, env: DistEnv) -> int:
-    """Workers beyond the CPU cores a rank can call its own only compete with training for them.
+DEFAULT_WORKERS = 4
+"""The original's data_loader_workers, the most an unset value gives."""
 
-    A batch is one gather from the memory-mapped token ids, so even one worker keeps far ahead.
+
+def usable_workers(requested: Optional[int], env: DistEnv) -> int:
+    """`requested` as given; unset, DEFAULT_WORKERS capped at the CPU cores this rank can spare.
+
+    Workers beyond the cores a rank can call its own only compete with training for them, and a
+    batch is one gather from the memory-mapped token ids, so even one worker keeps far ahead. The
+    cores are those this process may run on (its affinity, which Slurm and taskset set), not the
+    machine's.
     """
-    cores_per_rank = (os.cpu_count() or 1) // env.local_world_size
-    return min(requested, max(cores_per_rank - 1, 0))
+    if requested is not None:
+        return requested
+    cores_per_rank = len(os.sched_getaffinity(0)) // env.local_world_size
+    return min(DEFAULT_WORKERS, max(cores_per_rank - 1, 0))
 
 
-def make_dataloader(dataset: Dataset, batch_size: int, workers: int, env: DistEnv, shuffle: bool,
-                    seed: int, limit: Optional[int] = None) -> DataLoader:
-    """Batches of this rank's share; `workers` is capped at the cores the rank can spare.
+def make_dataloader(dataset: Dataset, batch_size: int, workers: Optional[int], env: DistEnv, shuffle: bool,
+                    seed: int, limit: Optional[int] = None,
+                    signals_for_training: tuple[int, ...] = ()) -> DataLoader:
+    """Batches of this rank's share, from `workers` processes (usable_workers).
 
     The sampler hands out whole batches of indices and the dataset gathers each batch in one go
-    (batch_size=None: no per-sample calls, no collation).
+    (batch_size=None: no per-sample calls, no collation). The workers ignore signals_for_training
+    (control.py): every process of a run may get a stop signal, and only the training process acts.
     """
     workers = usable_workers(workers, env)
     return DataLoader(
@@ -94,4 +107,5 @@ def make_dataloader(dataset: Dataset, batch_size: int, workers: int, env: DistEn
         # Its own generator: seeding workers must not draw from the global RNG that dropout uses,
         # or a run resumed mid-epoch would see other dropout masks than the unbroken run.
         generator=torch.Generator().manual_seed(seed),
+        worker_init_fn=functools.partial(leave_stops_to_training, signals_for_training),
     )

@@ -5,15 +5,22 @@ peak is that of the dtype the matmuls actually run in (precision.Precision.matmu
 - GPUs: the datasheet's dense tensor-core figure for bf16 or fp16, TF32 for fp32 runs (which allow
   TF32 on CUDA), matched by the device's name;
 - CPUs: no datasheet fits a laptop, so the rate of square matmuls in that dtype is measured at the
-  thread count training uses, at sizes large enough to reach it.
+  thread count training uses, at sizes large enough to reach it, once per machine (cached).
 """
+import contextlib
+import json
+import os
+import platform
 import re
 import time
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch
+
+from prepare_data import cache_folder
 
 
 @dataclass(frozen=True)
@@ -113,8 +120,41 @@ def peak_flops(device: torch.device, dtype: str) -> Optional[float]:
     if device.type == "cuda":
         return gpu_peak_flops(device, dtype)
     if device.type == "cpu" and dtype in CPU_DTYPES:
-        return max(matmul_flops_by_size(CPU_DTYPES[dtype], device).values())
+        return cpu_peak_flops(dtype)
     return None
+
+
+CPU_PEAKS_FILE = "cpu_peaks.json"
+"""In the cache folder (prepare_data.cache_folder): measured CPU peaks; delete it to measure again."""
+
+
+def cpu_peak_flops(dtype: str) -> float:
+    """The square-matmul peak in dtype, measured once per CPU model, thread count and torch version
+    (about 2 s) and kept in the cache folder, so that start-up does not pay for it every run."""
+    key = f"{cpu_model()} | {torch.get_num_threads()} threads | {dtype} | torch {torch.__version__}"
+    path = cache_folder(None) / CPU_PEAKS_FILE
+    try:
+        peaks = json.loads(path.read_text())
+    except (OSError, ValueError):
+        peaks = {}
+    if key not in peaks:
+        peaks[key] = max(matmul_flops_by_size(CPU_DTYPES[dtype]).values())
+        with contextlib.suppress(OSError):  # unwritable: measured again next time, nothing worse
+            temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            temporary.write_text(json.dumps(peaks, indent=1))
+            temporary.replace(path)
+    return peaks[key]
+
+
+def cpu_model() -> str:
+    """The CPU's model name and the flags that decide its matmul speed (machines of one name differ)."""
+    with contextlib.suppress(OSError):
+        info = Path("/proc/cpuinfo").read_text()
+        name = re.search(r"^model name\s*:\s*(.+)$", info, re.MULTILINE)
+        flags = re.search(r"^flags\s*:\s*(.+)$", info, re.MULTILINE)
+        fast = sorted(set(flags.group(1).split()) & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}) if flags else []
+        return f"{name.group(1) if name else 'unknown CPU'} ({' '.join(fast)})"
+    return platform.processor() or "unknown CPU"
 
 
 def model_flops_utilization(tokens_per_s_per_device: float, flops_per_token: float, peak: float) -> float:

@@ -6,11 +6,16 @@ It is `torchrun --standalone --nproc_per_node=N main.py ...` through torch's own
 so workers get the usual RANK/LOCAL_RANK/WORLD_SIZE environment, a free rendezvous port is chosen
 automatically, and a failed worker stops the others.
 
-SIGTERM or SIGUSR1 to this process reaches every worker, which saves a snapshot and stops (see
-trainer_config.stop_signals); it then exits with status 75, as main.py does.
+SIGTERM or SIGUSR1 to this process (or to every process of the run, as Slurm sends it) reaches
+every worker, which saves a snapshot and stops (see trainer_config.stop_signals); Ctrl-C does the
+same, and a second Ctrl-C quits at once. This launcher exits as main.py does, 75 (130 after Ctrl-C),
+only when every worker says it stopped with its snapshot written; otherwise it says that no
+snapshot was written at the stop and exits with status 1.
 """
 import argparse
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -19,7 +24,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
-from control import STOP_EXIT_STATUS
+from control import STOP_RECORD_ENV, clean_stops
 
 MAIN = Path(__file__).resolve().with_name("main.py")
 CPU_WORKERS = 2
@@ -58,16 +63,34 @@ def main(argv: Optional[list[str]] = None) -> int:
     launcher_args = get_args_parser().parse_args(
         ["--standalone", f"--nproc_per_node={nproc}", *stop_options(), str(MAIN), *overrides]
     )
-    try:
-        run(launcher_args)
-    except SignalException as stop:
-        print(f"launch.py: stopped on {stop.sigval.name}; the workers saved what they had", file=sys.stderr)
-        return STOP_EXIT_STATUS
-    except ChildFailedError as failure:
-        failed = ", ".join(f"rank {rank}" for rank in sorted(failure.failures))
-        print(f"error: training failed on {failed}; see the output above", file=sys.stderr)
-        return 1
+    with tempfile.TemporaryDirectory(prefix="mingpt-stops-") as record:
+        os.environ[STOP_RECORD_ENV] = record  # the workers inherit it
+        try:
+            run(launcher_args)
+        except SignalException as stop:
+            return stopped(stop.sigval.name, clean_stops(Path(record)), nproc)
+        except ChildFailedError as failure:
+            stops = clean_stops(Path(record))
+            if stops:  # a signal that reached the workers but not this launcher
+                return stopped("a signal", stops, nproc)
+            failed = ", ".join(f"rank {rank}" for rank in sorted(failure.failures))
+            print(f"error: training failed on {failed}; see the output above", file=sys.stderr)
+            return 1
+        finally:
+            del os.environ[STOP_RECORD_ENV]
     return 0
+
+
+def stopped(reason: str, stops: dict[int, int], nproc: int) -> int:
+    """The exit status of a run stopped by a signal: the workers' own (75, or 130 after Ctrl-C)
+    when every one stopped with its snapshot written, 1 otherwise."""
+    missing = [f"rank {rank}" for rank in range(nproc) if rank not in stops]
+    if missing:
+        print(f"error: stopped on {reason}, but {', '.join(missing)} did not stop cleanly: no snapshot "
+              "was written at the stop (the last complete one is kept); see the output above", file=sys.stderr)
+        return 1
+    print(f"launch.py: stopped on {reason}; every worker saved its snapshot first", file=sys.stderr)
+    return max(stops.values())
 
 
 if __name__ == "__main__":

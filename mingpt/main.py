@@ -19,7 +19,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from char_dataset import REPO_ROOT, CharDataset, DataConfig, open_corpus, prepare_corpus, split_dataset
-from control import STOP_EXIT_STATUS, RunStopped
+from control import INTERRUPT_EXIT_STATUS, RunStopped, record_clean_stop
 from errors import MinGPTError, check
 from logger import configure_logging, log
 from model import GPT, GPTConfig, OptimizerConfig
@@ -111,7 +111,7 @@ def startup_summary(config: TrainConfig, env: DistEnv, dataset: CharDataset, tra
         f"{len(train_set):,} train and {len(test_set):,} test samples ({data.split} split); "
         f"evaluation {evaluation}",
         f"Snapshots: {tc.snapshot_path} every {' and '.join(cadences)}; {resume}; "
-        f"{', '.join(tc.stop_signals) or 'no signal'} stops with a snapshot",
+        f"{', '.join([*tc.stop_signals, 'Ctrl-C'])} stop with a snapshot",
     ]
 
 
@@ -133,8 +133,14 @@ def report_error(error: MinGPTError) -> None:
 def main(cfg: DictConfig) -> None:
     try:
         train(OmegaConf.to_object(cfg))
-    except RunStopped:
-        sys.exit(STOP_EXIT_STATUS)  # the snapshot is written; the trainer has said so
+    except RunStopped as stop:
+        record_clean_stop(stop.exit_status)  # the snapshot is written; the trainer has said so
+        sys.exit(stop.exit_status)
+    except KeyboardInterrupt:  # Ctrl-C before training, or a second one during it (control.py)
+        if int(os.environ.get("RANK", 0)) == 0:
+            print("Interrupted: quit without a new snapshot (the last complete one is as it was)",
+                  file=sys.stderr, flush=True)
+        sys.exit(INTERRUPT_EXIT_STATUS)
     except MinGPTError as error:
         report_error(error)
         sys.exit(1)

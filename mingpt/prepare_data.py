@@ -108,6 +108,9 @@ def source_errors(source: str) -> Iterator[None]:
     try:
         yield
     except FileNotFoundError:
+        if is_url(source):  # fsspec's http says so of an unreachable host too
+            raise DataError(f"data_config.path: cannot fetch {source} (not there, or no network); check "
+                            "the URL, or download the text and point data_config.path at the copy") from None
         raise DataError(f"data_config.path: no such file {source}; "
                         "point data_config.path at a UTF-8 text file") from None
     except OSError as e:

@@ -109,6 +109,9 @@ def write_snapshot(snapshot: Snapshot, path: str) -> None:
         _remove_quietly(fs, temporary)
         raise SnapshotError(f"could not write snapshot {path} ({short_reason(e)}); "
                             "check trainer_config.snapshot_path, its credentials and free space") from None
+    except BaseException:  # Ctrl-C pressed again mid-save: no temporary left behind either
+        _remove_quietly(fs, temporary)
+        raise
 
 
 def _remove_quietly(fs: fsspec.AbstractFileSystem, path: str) -> None:

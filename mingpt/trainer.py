@@ -26,7 +26,7 @@ from torch.utils.data import Dataset
 
 from activation_checkpointing import CHECKPOINTING_MODES, checkpoint_blocks
 from background_save import BackgroundSaves
-from control import RunStopped, StepAgreement, check_signal_names
+from control import RunStopped, StepAgreement, check_signal_names, handled_signals
 from data_loader import make_dataloader
 from errors import SnapshotError, check, check_positive
 from flops import peak_flops
@@ -70,8 +70,10 @@ class TrainerConfig:
     """Micro-batches per optimizer step; gradients are synchronised on the last one only."""
     compile: bool = False
     """torch.compile the model (a large speed-up on recent GPUs; first steps wait for compilation)."""
-    data_loader_workers: int = 4
-    """DataLoader worker processes per rank; 0 loads in the training process."""
+    data_loader_workers: Optional[int] = None
+    """DataLoader worker processes per rank; 0 loads in the training process. Unset: the original's
+    4, capped at the CPU cores each rank can spare (data_loader.usable_workers); a number given is
+    used as given."""
     grad_norm_clip: float = 1.0
     snapshot_path: str = "gpt_snapshot.pt"
     """Local path or fsspec URL (s3://...). Ending in .pt: one file; otherwise a folder of them."""
@@ -134,7 +136,9 @@ class TrainerConfig:
         check_positive(self, "trainer_config", "max_epochs", "batch_size", "grad_accum_steps", "save_every",
                        "grad_norm_clip", "log_every", "keep_last", "progress_interval_s",
                        "process_group_timeout_s")
-        for key in ("data_loader_workers", "save_every_steps", "save_every_minutes", "max_steps",
+        check(self.data_loader_workers is None or self.data_loader_workers >= 0,
+              "trainer_config.data_loader_workers", f"must not be negative, got {self.data_loader_workers}")
+        for key in ("save_every_steps", "save_every_minutes", "max_steps",
                     "eval_every_steps", "eval_batches"):
             value = getattr(self, key)
             check(value >= 0, f"trainer_config.{key}", f"must not be negative, got {value}")
@@ -304,8 +308,9 @@ class Trainer:
             raise
 
     def _dataloader(self, dataset: Dataset, batch_size: int, shuffle: bool, limit: Optional[int] = None):
-        return make_dataloader(dataset, batch_size, self.config.data_loader_workers,
-                               self.env, shuffle=shuffle, seed=self.config.seed, limit=limit)
+        return make_dataloader(dataset, batch_size, self.config.data_loader_workers, self.env,
+                               shuffle=shuffle, seed=self.config.seed, limit=limit,
+                               signals_for_training=handled_signals(self.config.stop_signals))
 
     def _test_loader(self, dataset: Dataset):
         """The whole test split in order, or a fixed seeded subset of eval_batches batches per rank."""
@@ -384,7 +389,7 @@ class Trainer:
             self._finish_saves()  # "saved" below means written
             clear_status()
             log.info(f"Stopping on {decision.stop_signal_name}: snapshot saved at step {step}")
-            raise RunStopped(decision.stop_signal_name)
+            raise RunStopped(decision.stop_signal)
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One optimizer step over a batch of grad_accum_steps micro-batches; returns its mean loss."""

@@ -8,7 +8,8 @@ FAULT is `step:N` (after optimizer step N), `eval:E` (as the eval pass of epoch 
 `snapshot_write:N` (half-way through writing the snapshot of step N: give FAULT_RANK=0, the
 writer). The kill happens on FAULT_RANK (default 1), in torchrun's first attempt only, so that the
 restarted workers can finish. `error:N` raises a user-facing error (say, a snapshot store that
-refused one rank) after step N instead of killing.
+refused one rank) after step N instead of killing. `slow_write:N` makes every snapshot write from
+step N on pause SLOW_WRITE_S seconds half-way (a save that can be interrupted).
 
 RECORD_SAMPLES: each training batch a rank draws is appended to DIR/samples-rank<R>-<pid>.txt as
 `epoch index index ...` (split indices; run with data_loader_workers=0, so that nothing is drawn
@@ -70,6 +71,26 @@ def die_while_writing(step: int) -> None:
     torch.save = save
 
 
+SLOW_WRITE_S = 5.0
+
+
+def pause_while_writing(first_step: int) -> None:
+    """Snapshots of first_step and later pause half-way through their real write."""
+    import time
+
+    import torch
+
+    original_save = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        if isinstance(obj, dict) and obj.get("step", -1) >= first_step and "model_state" in obj:
+            f.write(b"PK" + bytes(1 << 16))
+            time.sleep(SLOW_WRITE_S)
+        return original_save(obj, f, *args, **kwargs)
+
+    torch.save = save
+
+
 def plant(fault: str) -> None:
     kind, value = fault.split(":")
     number = int(value)
@@ -79,6 +100,8 @@ def plant(fault: str) -> None:
         kill_after("evaluate", lambda trainer, args: args[0] == number)
     elif kind == "snapshot_write":
         die_while_writing(number)
+    elif kind == "slow_write":
+        pause_while_writing(number)
     elif kind == "error":
         kill_after("_advance", lambda trainer, args: trainer.progress.step == number, die=fail)
     else:
@@ -102,7 +125,7 @@ def record_samples(folder: str) -> None:
 
 if __name__ == "__main__":
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-    if "FAULT" in os.environ and first_attempt and os.environ["RANK"] == os.environ.get("FAULT_RANK", "1"):
+    if "FAULT" in os.environ and first_attempt and os.environ.get("RANK", "0") == os.environ.get("FAULT_RANK", "1"):
         plant(os.environ["FAULT"])
     if "RECORD_SAMPLES" in os.environ:
         record_samples(os.environ["RECORD_SAMPLES"])

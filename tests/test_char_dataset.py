@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from char_dataset import CharDataset, DataConfig, fetch_corpus, open_corpus, prepare_corpus, split_dataset
+from char_dataset import CharDataset, DataConfig, open_corpus, prepare_corpus, split_dataset
 from errors import ConfigError, DataError
 from helpers import make_text, serving
 
@@ -130,17 +130,19 @@ def test_missing_file_is_refused(tmp_path):
         corpus(tmp_path / "absent.txt")
 
 
-def test_fetch_corpus_downloads_whole_file(tmp_path):
-    body = b"served text\n" * 100
-    dest = tmp_path / "data" / "input.txt"
-    with serving(body) as (url, _):
-        fetch_corpus(url, dest)
-    assert dest.read_bytes() == body
-    assert list(dest.parent.iterdir()) == [dest]  # no partial file left beside it
+def test_a_url_is_read_through_fsspec_like_any_text(tmp_path):
+    body = make_text(3000)
+    with serving(body.encode()) as (url, _):
+        config = DataConfig(path=url, block_size=16, cache_dir=str(tmp_path))
+        prepare_corpus(config)
+    dataset = open_corpus(config)  # from the token file in the cache folder, the server gone
+    assert dataset.decode(dataset.token_ids(range(len(body)))) == body
 
 
-def test_fetch_corpus_offline_says_what_to_do(tmp_path):
-    dest = tmp_path / "input.txt"
-    with pytest.raises(DataError, match="put a UTF-8 text file at .* or set data_config.path"):
-        fetch_corpus("http://127.0.0.1:9/input.txt", dest, timeout_s=5)
-    assert not dest.exists() and list(tmp_path.iterdir()) == []
+def test_an_unreachable_url_says_what_to_do(tmp_path):
+    with pytest.raises(DataError) as error:
+        prepare_corpus(DataConfig(path="http://127.0.0.1:9/input.txt", cache_dir=str(tmp_path)))
+    assert str(error.value) == (
+        "data_config.path: cannot fetch http://127.0.0.1:9/input.txt (not there, or no network); check "
+        "the URL, or download the text and point data_config.path at the copy")
+    assert list(tmp_path.iterdir()) == []

@@ -3,10 +3,10 @@ import os
 
 import pytest
 
+from char_dataset import DataConfig, prepare_corpus
 from fault_injection import INJECTED_ERROR
 from helpers import MINGPT, REPO, assert_ok, losses, make_text, run_main, run_probe, serving, tiny_overrides
 from metrics import default_metrics_path, read_metrics
-from test_main import copy_of_the_code
 
 
 @pytest.fixture(scope="module")
@@ -91,15 +91,13 @@ def test_an_error_on_one_rank_alone_is_reported_by_that_rank(text_file, tmp_path
     assert result.stderr.count(f"error: [rank 1] {INJECTED_ERROR}") == 1
 
 
-def test_default_corpus_is_downloaded_once_while_the_other_rank_waits(tmp_path):
-    root = copy_of_the_code(tmp_path)
+def test_a_text_behind_a_url_is_read_by_one_rank_while_the_other_waits(tmp_path):
     body = make_text(6000).encode()
-    overrides = [o for o in tiny_overrides("unused", tmp_path / "snap.pt")
-                 if not o.startswith("data_config.path")]
+    overrides = tiny_overrides("unused", tmp_path / "snap.pt", data_config__cache_dir=tmp_path / "cache")
     with serving(body) as (url, requests):
-        result = run_main(overrides, nproc=2, cwd=root, script=root / "mingpt" / "main.py",
-                          env={"MINGPT_CORPUS_URL": url})
+        prepare_corpus(DataConfig(path=url, cache_dir=str(tmp_path / "alone")))
+        one_reader = len(requests)  # the requests fsspec makes to read it once
+        result = run_main([o.replace("unused", url) for o in overrides], nproc=2)
     assert_ok(result)
-    assert len(requests) == 1
-    assert (root / "data" / "input.txt").read_bytes() == body
+    assert len(requests) == 2 * one_reader
     assert "Snapshot saved at epoch 1" in result.stdout

@@ -1,5 +1,5 @@
-"""Exact resume: a worker SIGKILLed mid-run and restarted by torchrun, or a run stopped by SIGTERM and
-started again, ends bitwise where an unbroken run ends; a save killed half-way never costs the
+"""Exact resume: a worker SIGKILLed mid-run and restarted by torchrun, or a run stopped by a signal to
+every process (data workers too) and started again, ends bitwise where an unbroken run ends; a save killed half-way never costs the
 previous snapshot; a mid-epoch snapshot resumed at another world size trains each sample once."""
 import os
 import re
@@ -7,11 +7,13 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Optional
 
+import psutil
 import pytest
 import torch
 
-from control import STOP_EXIT_STATUS
+from control import INTERRUPT_EXIT_STATUS, STOP_EXIT_STATUS
 from helpers import (MAIN, MINGPT, REPO, TORCHRUN, assert_ok, final_state, run, run_with_restarts, sha256,
                      tiny_overrides)
 from state_equality import assert_same_state
@@ -99,17 +101,19 @@ def test_a_local_save_killed_half_way_keeps_the_previous_snapshot(tmp_path):
     assert read_snapshot(str(path)).step == 1
 
 
-# Stopping on a signal: every rank finishes its step, one snapshot, exit 75; a restart resumes
-# there and ends bitwise where an unbroken run ends.
+# Stopping on a signal: every rank finishes its step, one snapshot, exit 75 (130 after Ctrl-C); a
+# restart resumes there and ends bitwise where an unbroken run ends. The signal goes to every process
+# of the run, data workers included (two per rank here), as Slurm, `timeout` and a terminal send it.
 
-STOPPED = re.compile(r"Stopping on SIGTERM: snapshot saved at step (\d+)")
+STOPPED = re.compile(r"Stopping on (SIG\w+): snapshot saved at step (\d+)")
+WORKERS = {"trainer_config__data_loader_workers": 2}
 
 
-def start_until(cmd: list, env: dict, line_wanted: str) -> tuple[subprocess.Popen, list[str]]:
-    """Start cmd and read its output until a line containing line_wanted has been printed."""
+def start_until(cmd: list, line_wanted: str, env: Optional[dict] = None) -> tuple[subprocess.Popen, list[str]]:
+    """Start cmd in a session of its own and read its output until a line holding line_wanted."""
     process = subprocess.Popen([str(c) for c in cmd], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1",
-                               "PYTHONUNBUFFERED": "1", **env}, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+                               "PYTHONUNBUFFERED": "1", **(env or {})}, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
     seen = []
     for line in process.stdout:
         seen.append(line)
@@ -118,67 +122,115 @@ def start_until(cmd: list, env: dict, line_wanted: str) -> tuple[subprocess.Pope
     raise AssertionError("".join(seen))
 
 
-def stop_with_sigterm(cmd: list, env: dict) -> tuple[int, str]:
-    """Run cmd, SIGTERM it once training is under way; its exit status and whole output."""
-    process, seen = start_until(cmd, env, "| Iter 40 |")
-    process.send_signal(signal.SIGTERM)
+def signal_every_process(process: subprocess.Popen, number: int) -> list[psutil.Process]:
+    """The signal to process and every descendant (sessions of their own too), as Slurm's proctrack
+    sends it; returns those signalled."""
+    tree = psutil.Process(process.pid)
+    everyone = [tree, *tree.children(recursive=True)]
+    for member in everyone:
+        member.send_signal(number)
+    return everyone
+
+
+def stop_with(cmd: list, number: int, everyone: bool = True, env: Optional[dict] = None) -> tuple[int, str]:
+    """Run cmd, signal it (every process, or the launcher alone) once training is under way; its exit
+    status and whole output."""
+    process, seen = start_until(cmd, "| Iter 40 |", env)
+    if everyone:
+        signalled = signal_every_process(process, number)
+        assert any(p.name() == "pt_data_worker" for p in signalled), "no data worker was running"
+    else:
+        process.send_signal(number)
     rest, _ = process.communicate(timeout=120)
     return process.returncode, "".join(seen) + rest
-
-
-def one_process_overrides(text_file, snapshot):
-    return tiny_overrides(text_file, snapshot)
 
 
 @pytest.fixture(scope="module")
 def unbroken_one_process(text_file, tmp_path_factory):
     snapshot = tmp_path_factory.mktemp("unbroken1") / "snap.pt"
-    assert_ok(run([sys.executable, MAIN, *one_process_overrides(text_file, snapshot)]))
+    assert_ok(run([sys.executable, MAIN, *tiny_overrides(text_file, snapshot)]))
     return final_state(snapshot)
 
 
-def assert_stopped_and_saved(output: str, snapshot) -> int:
+def assert_stopped_and_saved(output: str, snapshot, signal_name: str = "SIGTERM") -> int:
     match = STOPPED.search(output)
-    assert match, output
-    step = int(match.group(1))
+    assert match and match.group(1) == signal_name, output
+    step = int(match.group(2))
     assert torch.load(snapshot, weights_only=True)["step"] == step
+    assert output.index(f"Snapshot saved at step {step}") < match.start()  # written before the line
+    assert "Traceback" not in output[:match.start()] and "killed by signal" not in output, output
     return step
 
 
-@pytest.mark.parametrize("async_snapshots", [False, True])
-def test_sigterm_stops_one_process_with_a_snapshot_and_resumes_exactly(text_file, tmp_path,
-                                                                      unbroken_one_process, async_snapshots):
+@pytest.mark.parametrize("number, status, settings", [
+    (signal.SIGTERM, STOP_EXIT_STATUS, {}),
+    (signal.SIGUSR1, STOP_EXIT_STATUS, ASYNC),  # the save is written before the stop line
+    (signal.SIGINT, INTERRUPT_EXIT_STATUS, {}),  # Ctrl-C once
+], ids=["SIGTERM", "SIGUSR1-async", "Ctrl-C"])
+def test_a_signal_to_every_process_stops_one_process_with_a_snapshot_and_resumes_exactly(
+        text_file, tmp_path, unbroken_one_process, number, status, settings):
     snapshot = tmp_path / "snap.pt"
-    overrides = one_process_overrides(text_file, snapshot)
-    stopping = [*overrides, f"trainer_config.async_snapshots={async_snapshots}"]
-    status, output = stop_with_sigterm([sys.executable, MAIN, *stopping], {})
-    assert status == STOP_EXIT_STATUS, output
-    step = assert_stopped_and_saved(output, snapshot)
-    assert output.index(f"Snapshot saved at step {step}") < output.index("Stopping on SIGTERM")  # written
+    overrides = tiny_overrides(text_file, snapshot, **WORKERS, **settings)
+    code, output = stop_with([sys.executable, MAIN, *overrides], number)
+    assert code == status, output
+    step = assert_stopped_and_saved(output, snapshot, signal.Signals(number).name)
+    assert "Traceback" not in output, output
+    if number == signal.SIGINT:
+        assert output.count("Ctrl-C: stopping at the end of this step with a snapshot; press Ctrl-C again") == 1
     resumed = run([sys.executable, MAIN, *overrides])
     assert_ok(resumed)
     assert f"(step {step}, sample {step * 32} of epoch 1)" in resumed.stdout
     assert_same_state(final_state(snapshot), unbroken_one_process)
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "launch.py"])
-def test_sigterm_to_the_launcher_stops_every_rank_at_one_step_and_resumes_exactly(text_file, tmp_path,
-                                                                                unbroken, launcher):
+def test_a_second_ctrl_c_quits_at_once_and_keeps_the_last_snapshot(text_file, tmp_path):
+    """The second Ctrl-C lands while the stop's own snapshot is being written (paused half-way)."""
+    snapshot = tmp_path / "snap.pt"
+    overrides = tiny_overrides(text_file, snapshot, trainer_config__save_every_steps=20, **WORKERS)
+    process, seen = start_until([sys.executable, REPO / "tests" / "fault_injection.py", *overrides],
+                                "| Iter 40 |", env={"FAULT": "slow_write:41", "FAULT_RANK": "0"})
+    before = sha256(snapshot)  # step 40's
+    signal_every_process(process, signal.SIGINT)
+    for line in process.stdout:
+        seen.append(line)
+        if line.startswith("Ctrl-C: stopping"):
+            break
+    time.sleep(1.5)  # the stop's save is under way, paused half-way through its write
+    started = time.monotonic()
+    signal_every_process(process, signal.SIGINT)
+    rest, _ = process.communicate(timeout=60)
+    output = "".join(seen) + rest
+    assert process.returncode == INTERRUPT_EXIT_STATUS, output
+    assert time.monotonic() - started < 3  # not after the 5 s write
+    assert output.rstrip().endswith("Interrupted: quit without a new snapshot (the last complete one is as it was)")
+    assert "Traceback" not in output and "Stopping on" not in output, output
+    assert sha256(snapshot) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["snap.metrics.jsonl", "snap.pt"]  # no temporary
+
+
+@pytest.mark.parametrize("launcher, everyone", [
+    ("torchrun", True),
+    ("launch.py", True),
+    ("launch.py", False),  # the launcher alone: it passes the signal on to each worker's session
+], ids=["torchrun-every-process", "launch.py-every-process", "launch.py-alone"])
+def test_sigterm_stops_every_rank_at_one_step_with_data_workers_and_resumes_exactly(text_file, tmp_path, unbroken,
+                                                                                   launcher, everyone):
     snapshot = tmp_path / "snap.pt"
     overrides = tiny_overrides(text_file, snapshot, trainer_config__max_epochs=2,
-                               trainer_config__save_every_steps=10)
+                               trainer_config__save_every_steps=10, trainer_config__data_loader_workers=1)
     if launcher == "torchrun":
         command = [*TORCHRUN, "--standalone", "--nproc_per_node=2", MAIN, *overrides]
     else:
         command = [sys.executable, MINGPT / "launch.py", "--nproc", "2", *overrides]
-    status, output = stop_with_sigterm(command, {})
-    if launcher == "launch.py":
+    status, output = stop_with(command, signal.SIGTERM, everyone)
+    if launcher == "launch.py":  # torchrun exits 1 with a traceback of its own
         assert status == STOP_EXIT_STATUS, output
+        assert "launch.py: stopped on SIGTERM; every worker saved its snapshot first" in output
+        assert "Traceback" not in output, output
     step = assert_stopped_and_saved(output, snapshot)
     assert output.count("Stopping on SIGTERM") == 1  # rank 0 speaks for both
-    assert "Traceback" not in output.split("Stopping on SIGTERM")[0]
-    if launcher == "torchrun":
-        return  # what a resume does with a step snapshot does not depend on the launcher that stopped
+    if everyone:
+        return  # what a resume does with a step snapshot does not depend on who got the signal
     resumed = run([*TORCHRUN, "--standalone", "--nproc_per_node=2", MAIN, *overrides])
     assert_ok(resumed)
     assert f"Resuming training from snapshot at Epoch 0 (step {step}," in resumed.stdout

@@ -53,10 +53,11 @@ def test_gpu_peak_follows_the_precision_in_use(monkeypatch):
     assert flops.gpu_peak_flops(cuda, "fp16") == 125e12 and flops.gpu_peak_flops(cuda, "tf32") is None
 
 
-def test_cpu_peak_is_measured_in_the_dtype_asked_for(monkeypatch):
+def test_cpu_peak_is_measured_in_the_dtype_asked_for_once_per_machine(monkeypatch, tmp_path):
+    monkeypatch.setenv("MINGPT_CACHE_DIR", str(tmp_path))
     measured = []
 
-    def fake_rates(dtype, device):
+    def fake_rates(dtype):
         measured.append(dtype)
         return {1024: 1e9 if dtype == torch.float32 else 4e9, 2048: 2e9 if dtype == torch.float32 else 8e9}
 
@@ -67,9 +68,13 @@ def test_cpu_peak_is_measured_in_the_dtype_asked_for(monkeypatch):
         assert flops.peak_flops(cpu, "bf16") == 8e9 and flops.peak_flops(cpu, "fp32") == 2e9
         assert flops.peak_flops(cpu, "fp16") is None  # a CPU never trains in fp16
         assert flops.peak_flops(torch.device("meta"), "fp32") is None
+        flops.peak_flops.cache_clear()  # a new process: the peaks come from the cache folder
+        assert flops.peak_flops(cpu, "bf16") == 8e9 and flops.peak_flops(cpu, "fp32") == 2e9
     finally:
         flops.peak_flops.cache_clear()
     assert measured == [torch.bfloat16, torch.float32]
+    (tmp_path / flops.CPU_PEAKS_FILE).unlink()  # measured again once the cache is gone
+    assert flops.cpu_peak_flops("fp32") == 2e9 and measured[-1] == torch.float32
 
 
 def test_mfu_is_one_device_rate_over_its_peak():
