@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
 
+import psutil
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -154,3 +155,26 @@ def final_state(snapshot) -> dict:
     state = torch.load(snapshot, weights_only=True)
     assert state["optimizer_state"]["state"], f"{snapshot} holds no optimizer state"
     return {"model": state["model_state"], "optimizer": state["optimizer_state"]["state"]}
+
+
+def start_until(cmd: list, line_wanted: str, env: Optional[dict] = None) -> tuple[subprocess.Popen, list[str]]:
+    """Start cmd in a session of its own and read its output until a line holding line_wanted."""
+    process = subprocess.Popen([str(c) for c in cmd], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1",
+                               "PYTHONUNBUFFERED": "1", **(env or {})}, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if line_wanted in line:
+            return process, seen
+    raise AssertionError("".join(seen))
+
+
+def signal_every_process(process: subprocess.Popen, number: int) -> list[psutil.Process]:
+    """The signal to process and every descendant (sessions of their own too), as Slurm's proctrack
+    sends it; returns those signalled."""
+    tree = psutil.Process(process.pid)
+    everyone = [tree, *tree.children(recursive=True)]
+    for member in everyone:
+        member.send_signal(number)
+    return everyone

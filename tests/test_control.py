@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 import control
-from control import Decision, StepAgreement, check_signal_names, signal_number
+from control import (INTERRUPT_EXIT_STATUS, STOP_EXIT_STATUS, Decision, RunStopped, StepAgreement,
+                     check_signal_names, signal_number)
 from errors import ConfigError
 
 
@@ -30,6 +31,25 @@ def test_a_signal_stops_the_run_one_step_later_and_a_second_changes_nothing(worl
     finally:
         agreement.close()
     assert signal.getsignal(signal.SIGUSR1) == before  # the previous handler is back
+
+
+def test_ctrl_c_asks_for_a_stop_with_a_line_and_a_second_quits_at_once(world_of_one, capfd):
+    before = signal.getsignal(signal.SIGINT)
+    agreement = StepAgreement([], save_every_minutes=0, is_main=True)  # Ctrl-C whatever the stop signals
+    try:
+        assert signal.getsignal(signal.SIGINT) != before  # else the Ctrl-C below would stop pytest itself
+        os.kill(os.getpid(), signal.SIGINT)
+        assert capfd.readouterr().out == ("\nCtrl-C: stopping at the end of this step with a snapshot; "
+                                          "press Ctrl-C again to quit at once without one\n")
+        agreement.after_step()
+        assert agreement.after_step().stop_signal == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        agreement.close()
+    assert signal.getsignal(signal.SIGINT) == before
+    assert RunStopped(signal.SIGINT).exit_status == INTERRUPT_EXIT_STATUS == 130
+    assert RunStopped(signal.SIGTERM).exit_status == RunStopped(signal.SIGUSR1).exit_status == STOP_EXIT_STATUS
 
 
 @pytest.fixture

@@ -1,8 +1,13 @@
 """data_loader.py: one global sample order per epoch, dealt out to any number of ranks."""
+import os
+import signal
+import time
+
+import psutil
 import torch
 
 from char_dataset import CharDataset, DataConfig, split_dataset
-from data_loader import GlobalOrderSampler, make_dataloader
+from data_loader import DEFAULT_WORKERS, GlobalOrderSampler, make_dataloader, usable_workers
 from helpers import make_text
 from process_group import DistEnv
 
@@ -95,3 +100,29 @@ def test_a_pass_over_a_trillion_samples_starts_at_once():
     sampler.set_epoch(3, start=10**11)
     batch = next(iter(sampler))
     assert batch.shape == (8,) and int(batch.max()) < 10**12 and len(sampler) == 56_250_000_000
+
+
+def test_unset_workers_follow_the_cpus_this_process_may_use_and_a_number_is_used_as_given():
+    cpus = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {min(cpus)})  # as Slurm or taskset would: one CPU of the machine's
+        assert usable_workers(None, env(0, 1)) == 0
+        assert usable_workers(2, env(0, 1)) == 2
+    finally:
+        os.sched_setaffinity(0, cpus)
+    assert usable_workers(None, env(0, 1)) == min(DEFAULT_WORKERS, len(cpus) - 1)
+
+
+def test_data_workers_leave_the_stop_signals_to_the_training_process():
+    dataset = CharDataset(make_text(3000), block_size=8)
+    loader = make_dataloader(dataset, batch_size=4, workers=1, env=env(0, 1), shuffle=True, seed=3,
+                             signals_for_training=(signal.SIGTERM, signal.SIGINT))
+    batches = iter(loader)
+    next(batches)
+    (worker,) = [child for child in psutil.Process().children() if child.name() == "pt_data_worker"]
+    for number in (signal.SIGTERM, signal.SIGINT):
+        worker.send_signal(number)
+    time.sleep(0.5)
+    assert worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE
+    assert next(batches)[0].shape == (4, 8)  # still loading
+    del batches

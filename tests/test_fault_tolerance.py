@@ -9,13 +9,12 @@ import sys
 import time
 from typing import Optional
 
-import psutil
 import pytest
 import torch
 
 from control import INTERRUPT_EXIT_STATUS, STOP_EXIT_STATUS
 from helpers import (MAIN, MINGPT, REPO, TORCHRUN, assert_ok, final_state, run, run_with_restarts, sha256,
-                     tiny_overrides)
+                     signal_every_process, start_until, tiny_overrides)
 from state_equality import assert_same_state
 
 STEPS_PER_EPOCH = 85  # 5,385 train samples / (32 per rank x 2 ranks)
@@ -107,29 +106,6 @@ def test_a_local_save_killed_half_way_keeps_the_previous_snapshot(tmp_path):
 
 STOPPED = re.compile(r"Stopping on (SIG\w+): snapshot saved at step (\d+)")
 WORKERS = {"trainer_config__data_loader_workers": 2}
-
-
-def start_until(cmd: list, line_wanted: str, env: Optional[dict] = None) -> tuple[subprocess.Popen, list[str]]:
-    """Start cmd in a session of its own and read its output until a line holding line_wanted."""
-    process = subprocess.Popen([str(c) for c in cmd], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1",
-                               "PYTHONUNBUFFERED": "1", **(env or {})}, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    seen = []
-    for line in process.stdout:
-        seen.append(line)
-        if line_wanted in line:
-            return process, seen
-    raise AssertionError("".join(seen))
-
-
-def signal_every_process(process: subprocess.Popen, number: int) -> list[psutil.Process]:
-    """The signal to process and every descendant (sessions of their own too), as Slurm's proctrack
-    sends it; returns those signalled."""
-    tree = psutil.Process(process.pid)
-    everyone = [tree, *tree.children(recursive=True)]
-    for member in everyone:
-        member.send_signal(number)
-    return everyone
 
 
 def stop_with(cmd: list, number: int, everyone: bool = True, env: Optional[dict] = None) -> tuple[int, str]:

@@ -1,10 +1,11 @@
+import signal
 import sys
 
 import pytest
 import torch
 
 import launch
-from helpers import MINGPT, run, tiny_overrides
+from helpers import MINGPT, run, start_until, tiny_overrides
 from test_distributed import check_two_rank_run
 
 
@@ -42,3 +43,17 @@ def test_launch_reports_failed_workers(text_file, tmp_path):
 def test_bad_nproc_is_refused():
     with pytest.raises(SystemExit):
         launch.main(["--nproc", "0"])
+
+
+def test_ranks_that_die_of_the_stop_signal_make_launch_say_no_snapshot_was_written(text_file, tmp_path):
+    """Ranks that do not handle SIGTERM (stop_signals empty) die of it: no 75, and no false 'saved'."""
+    snapshot = tmp_path / "snap.pt"
+    overrides = tiny_overrides(text_file, snapshot, trainer_config__stop_signals="[]",
+                               trainer_config__data_loader_workers=1)
+    process, _ = start_until([sys.executable, MINGPT / "launch.py", "--nproc", "2", *overrides], "| Iter 40 |")
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 1, output
+    assert ("error: stopped on SIGTERM, but rank 0, rank 1 did not stop cleanly: no snapshot was written at "
+            "the stop (the last complete one is kept)") in output
+    assert "saved its snapshot" not in output and not snapshot.exists()
