@@ -171,6 +171,7 @@ def test_a_second_ctrl_c_quits_at_once_and_keeps_the_last_snapshot(text_file, tm
         seen.append(line)
         if line.startswith("Ctrl-C: stopping"):
             break
+    assert seen[-1].startswith("Ctrl-C: stopping"), "".join(seen)  # the first Ctrl-C asked for a stop
     time.sleep(1.5)  # the stop's save is under way, paused half-way through its write
     started = time.monotonic()
     signal_every_process(process, signal.SIGINT)
