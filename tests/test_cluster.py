@@ -115,6 +115,26 @@ def slurm_job_with_a_kill(slurm_cluster, text_file, tmp_path_factory) -> SlurmJo
                            kill_on="Snapshot saved at epoch 1", trainer_config__max_epochs=2)
 
 
+WITH_A_DATA_WORKER = {"trainer_config__log_every": 10, "trainer_config__data_loader_workers": 1}
+"""Slurm signals every process of a step, data workers too: each rank runs one."""
+
+
+@pytest.fixture(scope="class")
+def cancelled_job(slurm_cluster, text_file, tmp_path_factory) -> SlurmJob:
+    """A plain `scancel` mid-epoch: SIGTERM to every process of the job, then SIGKILL after KillWait."""
+    submit_dir = tmp_path_factory.mktemp("submit")
+    snapshot = submit_dir / "snap.pt"
+    args = ["--cpus-per-task=1", SBATCH_RUN,
+            *tiny_overrides(text_file, snapshot, trainer_config__max_epochs=2, **WITH_A_DATA_WORKER)]
+    job_id = slurm_cluster.sbatch(args, cwd=submit_dir,
+                                  env={**submitting_environment(), "RDZV_PORT": str(free_port())})
+    output = submit_dir / f"slurm-{job_id}.out"
+    wait_for(lambda: "| Iter 30 |" in read(output), 240, f"training under way in {output}")
+    slurm_cluster.command("scancel", job_id)
+    fields = slurm_cluster.wait_job(job_id, timeout=120)
+    return SlurmJob(job_id, fields, read(output), snapshot, [])
+
+
 @pytest.fixture(scope="class")
 def requeued_job(slurm_cluster, text_file, tmp_path_factory) -> SlurmJob:
     """REQUEUE=1 and the time-limit warning mid-epoch: the job saves, requeues itself, resumes, ends.
@@ -123,8 +143,7 @@ def requeued_job(slurm_cluster, text_file, tmp_path_factory) -> SlurmJob:
     time limit: SIGUSR1 to the batch shell, sent here at once with scancel."""
     submit_dir = tmp_path_factory.mktemp("submit")
     snapshot = submit_dir / "snap.pt"
-    args = ["--cpus-per-task=1", SBATCH_RUN,
-            *tiny_overrides(text_file, snapshot, trainer_config__log_every=10)]
+    args = ["--cpus-per-task=1", SBATCH_RUN, *tiny_overrides(text_file, snapshot, **WITH_A_DATA_WORKER)]
     env = {**submitting_environment(), "RDZV_PORT": str(free_port()), "REQUEUE": "1"}
     job_id = slurm_cluster.sbatch(args, cwd=submit_dir, env=env)
     output = submit_dir / f"slurm-{job_id}.out"
@@ -142,9 +161,19 @@ def requeued_job(slurm_cluster, text_file, tmp_path_factory) -> SlurmJob:
 
 
 class TestSlurm:
+    def test_a_cancelled_job_stops_every_rank_with_a_snapshot(self, cancelled_job):
+        job = cancelled_job
+        assert job.fields["JobState"] == "CANCELLED", f"{job.fields}\n{job.output}"
+        assert "1 data worker(s) per process" in job.output, job.output
+        stopped = re.findall(r"Stopping on SIGTERM: snapshot saved at step (\d+)", job.output)
+        assert len(stopped) == 1, job.output
+        assert torch.load(job.snapshot, weights_only=True)["step"] == int(stopped[0])
+        assert "killed by signal" not in job.output and "exited unexpectedly" not in job.output, job.output
+
     def test_a_requeued_job_saves_at_the_warning_and_resumes_at_that_step(self, requeued_job):
         job = requeued_job
         assert job.fields["JobState"] == "COMPLETED", f"{job.fields}\n{job.output}"
+        assert "1 data worker(s) per process" in job.output, job.output
         assert job.fields["Restarts"] == "1", job.fields
         stopped = re.findall(r"Stopping on SIGTERM: snapshot saved at step (\d+)", job.output)
         assert len(stopped) == 1, job.output
