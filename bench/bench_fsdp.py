@@ -92,7 +92,7 @@ def measure(trainer, args: argparse.Namespace) -> dict:
             "activations_mb": activation_bytes(trainer) / 1e6}
     if args.snapshot_dir:
         start = time.perf_counter()
-        trainer._save_snapshot("benchmark")
+        trainer.save_snapshot("benchmark")
         mine["snapshot_s"] = time.perf_counter() - start
         written = [f.stat().st_size for f in Path(args.snapshot_dir).rglob("*") if f.is_file()]
         mine["snapshot_mb"] = sum(written) / 1e6

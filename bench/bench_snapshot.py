@@ -5,7 +5,7 @@
 - save / load: write_snapshot and read_snapshot of a full snapshot (model, AdamW state, RNG states)
   to a local folder and to a real S3 server on loopback (moto, as the tests use), in MB/s; and
   torch.load parsing straight from the file object, which read_snapshot avoids by reading first;
-- pause, with and without `async_snapshots`, locally and on S3: how long Trainer._save_snapshot
+- pause, with and without `async_snapshots`, locally and on S3: how long Trainer.save_snapshot
   holds training up (sync: gather and write; async: gather and the copy, the first save also
   allocating the staging memory), and what a save costs training in all: the time from the save
   until it is written with the steps that follow it trained meanwhile, minus those steps alone
@@ -87,14 +87,14 @@ def measure_pauses(env, args, path: str) -> dict:
 
 
 def timed_save(trainer, steps: int) -> tuple[float, float]:
-    """Seconds until _save_snapshot returns, and until it is written with `steps` steps trained
+    """Seconds until save_snapshot returns, and until it is written with `steps` steps trained
     after it (with async_snapshots, while the background thread writes)."""
     start = time.perf_counter()
-    trainer._save_snapshot("benchmark")
+    trainer.save_snapshot("benchmark")
     pause = time.perf_counter() - start
     if steps:
         timed_steps(trainer, warmup=0, steps=steps)
-    trainer._finish_saves()
+    trainer.checkpointer.finish()
     return pause, time.perf_counter() - start
 
 

@@ -152,7 +152,8 @@ def cpu_model() -> str:
         info = Path("/proc/cpuinfo").read_text()
         name = re.search(r"^model name\s*:\s*(.+)$", info, re.MULTILINE)
         flags = re.search(r"^flags\s*:\s*(.+)$", info, re.MULTILINE)
-        fast = sorted(set(flags.group(1).split()) & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}) if flags else []
+        present = set(flags.group(1).split()) if flags else set()
+        fast = sorted(present & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
         return f"{name.group(1) if name else 'unknown CPU'} ({' '.join(fast)})"
     return platform.processor() or "unknown CPU"
 

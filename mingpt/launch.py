@@ -87,7 +87,8 @@ def stopped(reason: str, stops: dict[int, int], nproc: int) -> int:
     missing = [f"rank {rank}" for rank in range(nproc) if rank not in stops]
     if missing:
         print(f"error: stopped on {reason}, but {', '.join(missing)} did not stop cleanly: no snapshot "
-              "was written at the stop (the last complete one is kept); see the output above", file=sys.stderr)
+              "was written at the stop (the last complete one is kept); see the output above",
+              file=sys.stderr)
         return 1
     print(f"launch.py: stopped on {reason}; every worker saved its snapshot first", file=sys.stderr)
     return max(stops.values())

@@ -23,7 +23,6 @@ from control import INTERRUPT_EXIT_STATUS, RunStopped, record_clean_stop
 from errors import MinGPTError, check
 from logger import configure_logging, log
 from model import GPT, GPTConfig, OptimizerConfig
-from parallel import local_parameter_bytes, unwrap
 from process_group import DistEnv, barrier, distributed_session
 from storage import short_reason
 from trainer import Trainer, TrainerConfig
@@ -79,40 +78,23 @@ def build_and_train(config: TrainConfig, env: DistEnv) -> None:
         model = GPT(gpt_config, seed=config.trainer_config.seed)
     trainer = Trainer(config.trainer_config, model, config.optimizer_config,
                       train_set, test_set, dataset.vocab, env)
-    for line in startup_summary(config, env, dataset, train_set, test_set, trainer):
+    for line in startup_summary(config, dataset, train_set, test_set, trainer):
         log.info(line)
     trainer.train()
 
 
-def startup_summary(config: TrainConfig, env: DistEnv, dataset: CharDataset, train_set, test_set,
+def startup_summary(config: TrainConfig, dataset: CharDataset, train_set, test_set,
                     trainer: Trainer) -> list[str]:
-    """What is about to run, as the person who started it needs to check it."""
-    gpt, tc, data = unwrap(trainer.model).config, config.trainer_config, config.data_config
-    params = sum(p.numel() for p in trainer.model.parameters())
-    tokens_per_step = tc.batch_size * tc.grad_accum_steps * env.world_size * dataset.block_size
-    resume = (f"resuming after epoch {trainer.progress.finished_epoch}, step {trainer.progress.step}"
-              if trainer.progress.step else "starting from scratch")
-    budget = f"{tc.max_steps:,} steps in all" if tc.max_steps else f"{tc.max_epochs} epochs"
+    """What is about to run, as the person who started it needs to check it: the Trainer's lines,
+    with the data's before the snapshots'."""
+    tc, data = config.trainer_config, config.data_config
     evaluation = (f"every {tc.eval_every_steps} steps" if tc.eval_every_steps else "every epoch") + (
         f" on {tc.eval_batches} batch(es) per process" if tc.eval_batches else "")
-    cadences = [f"{tc.save_every} epoch(s)"] + [f"{n} {unit}" for n, unit in (
-        (tc.save_every_steps, "steps"), (tc.save_every_minutes, "minutes")) if n]
-    return [
-        f"Model: GPT {params / 1e6:.2f}M parameters ({gpt.n_layer} layers, {gpt.n_head} heads, "
-        f"{gpt.n_embd} wide, block {gpt.block_size})",
-        f"World: {env.world_size} process(es) on {env.num_nodes} node(s), {env.backend} on "
-        f"{env.device.type}; {tc.distributed_method}{' with CPU offload' if tc.cpu_offload else ''}; "
-        f"{trainer.precision}; {local_parameter_bytes(trainer.model) / 1e6:.1f} MB of parameters per rank",
-        f"Memory: {trainer.memory.describe()}",
-        f"Batch: {tc.batch_size} per process x {tc.grad_accum_steps} accumulation, "
-        f"{tokens_per_step:,} tokens per step, {trainer.steps_per_epoch:,} steps per epoch, "
-        f"{budget}, {trainer.train_loader.num_workers} data worker(s) per process",
-        f"Data: {data.path}, {dataset.num_chars:,} characters, vocabulary of {dataset.vocab_size}; "
-        f"{len(train_set):,} train and {len(test_set):,} test samples ({data.split} split); "
-        f"evaluation {evaluation}",
-        f"Snapshots: {tc.snapshot_path} every {' and '.join(cadences)}; {resume}; "
-        f"{', '.join([*tc.stop_signals, 'Ctrl-C'])} stop with a snapshot",
-    ]
+    *model_to_batch, snapshots = trainer.summary()
+    data_line = (f"Data: {data.path}, {dataset.num_chars:,} characters, vocabulary of {dataset.vocab_size}; "
+                 f"{len(train_set):,} train and {len(test_set):,} test samples ({data.split} split); "
+                 f"evaluation {evaluation}")
+    return [*model_to_batch, data_line, snapshots]
 
 
 def report_error(error: MinGPTError) -> None:

@@ -9,28 +9,28 @@ Beyond the original: a step budget (`max_steps`) and evaluation every `eval_ever
 a fixed subset (`eval_batches`), for corpora whose epochs are too long to count in; snapshots also
 every `save_every_steps` steps or `save_every_minutes` minutes; and a stop signal (SIGTERM, SIGUSR1:
 preemption, a time limit) ends the run cleanly with a snapshot, at the same step on every rank
-(control.py). With `async_snapshots` a snapshot costs training only a copy of the state; a
-background thread writes it (background_save.py). A run resumed from any snapshot continues with
-the next unseen sample of the epoch's global order: at the same world size it replays the unbroken
-run exactly (the same dropout masks too); at another world size every sample of the epoch is still
-trained once.
+(control.py). Snapshots are the Checkpointer's (checkpointer.py): when one is due, taking it (with
+`async_snapshots`, a copy of the state that a background thread writes) and resuming from the
+newest; the Trainer keeps the loop, evaluation and the phases of a step. A run resumed from any
+snapshot continues with the next unseen sample of the epoch's global order: at the same world size
+it replays the unbroken run exactly (the same dropout masks too); at another world size every
+sample of the epoch is still trained once.
 """
 import contextlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torch.utils.data import Dataset
 
 from activation_checkpointing import CHECKPOINTING_MODES, checkpoint_blocks
-from background_save import BackgroundSaves
-from control import RunStopped, StepAgreement, check_signal_names, handled_signals
+from checkpointer import SNAPSHOT_FORMATS, Checkpointer, SnapshotPolicy
+from control import Decision, RunStopped, StepAgreement, check_signal_names, handled_signals
 from data_loader import make_dataloader
-from errors import SnapshotError, check, check_positive
+from errors import check, check_positive
 from flops import peak_flops
-from logger import clear_status, log, warn_once
+from logger import clear_status, log
 from memory import check_memory, plan_memory
 from metrics import MetricsLog, default_metrics_path
 from model import OptimizerConfig, create_optimizer, learning_rate_at
@@ -43,18 +43,17 @@ from parallel import (
     fused_optimizer_allowed,
     grad_scaler,
     gradient_sync,
+    local_parameter_bytes,
     parallelize,
     unwrap,
 )
 from precision import AMP_DTYPES, resolve_precision
-from process_group import DEFAULT_TIMEOUT_S, DistEnv, all_gather_objects, all_reduce_sum, any_rank
-from sharded_snapshot import ShardedSnapshotStore
-from snapshot import Progress, Snapshot, SnapshotStore
+from process_group import DEFAULT_TIMEOUT_S, DistEnv, all_reduce_sum
+from snapshot import Snapshot
 from storage import check_writable, parent_folder
 
 __all__ = ["Trainer", "TrainerConfig", "Snapshot"]
 
-SNAPSHOT_FORMATS = ("single", "sharded")
 MAX_RANKS = 100_000  # spaces per-epoch seeds apart, so no two (epoch, rank) pairs share one
 
 
@@ -162,31 +161,6 @@ class TrainerConfig:
         check_signal_names(self.stop_signals, "trainer_config.stop_signals")
 
 
-def open_snapshot_store(config: TrainerConfig):
-    """Every rank calls this, at the same point: a background sharded save gets a gloo group of its
-    own, so that its collectives (DCP's planning) never interleave with training's on one group."""
-    if config.snapshot_format == "sharded":
-        group = dist.new_group(backend="gloo") if config.async_snapshots else None
-        return ShardedSnapshotStore(config.snapshot_path, config.keep_last, process_group=group)
-    return SnapshotStore(config.snapshot_path, config.keep_last)
-
-
-def capture_rng(device: torch.device) -> dict[str, Optional[torch.Tensor]]:
-    return {"cpu": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
-
-
-def restore_rng(state: dict[str, Optional[torch.Tensor]], device: torch.device, fallback_seed: int) -> None:
-    """Put the generators back as captured. A snapshot made on the CPU has no CUDA state: then
-    this rank's own seed, never one shared by all ranks (every rank would drop the same units)."""
-    torch.set_rng_state(state["cpu"])
-    if device.type == "cuda":
-        if state["cuda"] is not None:
-            torch.cuda.set_rng_state(state["cuda"], device)
-        else:
-            torch.cuda.manual_seed(fallback_seed)
-
-
 class Trainer:
     def __init__(
         self,
@@ -221,20 +195,14 @@ class Trainer:
         self.train_loader = self._dataloader(train_dataset, config.batch_size * config.grad_accum_steps,
                                              shuffle=True)
         self.test_loader = self._test_loader(test_dataset) if test_dataset else None
-        self.snapshots = open_snapshot_store(config)
-        self.saves = BackgroundSaves()
-        """The snapshot writer of async_snapshots."""
+        self.checkpointer = Checkpointer(snapshot_policy(config), env, vocab)
         metrics_path = config.metrics_path or default_metrics_path(config.snapshot_path)
         if env.is_main:
-            check_writable(self.snapshots.folder, "trainer_config.snapshot_path")
             check_writable(parent_folder(metrics_path), "trainer_config.metrics_path")
         self.metrics = MetricsLog(metrics_path, active=env.is_main, tensorboard_dir=config.tensorboard_dir)
-        self.progress = Progress(world_size=env.world_size)
-        self._rng_to_restore: Optional[dict] = None
         self.agreement: Optional[StepAgreement] = None
         """Stop signals and the snapshot timer, while train() runs."""
-        self._resume()
-        self._last_saved_step = self.progress.step if self.progress.step else -1
+        self.progress = self.checkpointer.resume(self.model, self.optimizer, self.scaler)
         self.metrics.start(resumed_step=self.progress.step)
         self.steps_per_epoch = len(self.train_loader)
         self.total_steps = self._planned_steps()
@@ -248,24 +216,46 @@ class Trainer:
             active=env.is_main,
         )
 
+    def summary(self) -> list[str]:
+        """The run as it starts: model, world, memory, batch and snapshot lines."""
+        gpt, tc, env = unwrap(self.model).config, self.config, self.env
+        params = sum(p.numel() for p in self.model.parameters())
+        tokens_per_step = tc.batch_size * tc.grad_accum_steps * env.world_size * self.block_size
+        resume = (f"resuming after epoch {self.progress.finished_epoch}, step {self.progress.step}"
+                  if self.progress.step else "starting from scratch")
+        budget = f"{tc.max_steps:,} steps in all" if tc.max_steps else f"{tc.max_epochs} epochs"
+        cadences = [f"{tc.save_every} epoch(s)"] + [f"{n} {unit}" for n, unit in (
+            (tc.save_every_steps, "steps"), (tc.save_every_minutes, "minutes")) if n]
+        return [
+            f"Model: GPT {params / 1e6:.2f}M parameters ({gpt.n_layer} layers, {gpt.n_head} heads, "
+            f"{gpt.n_embd} wide, block {gpt.block_size})",
+            f"World: {env.world_size} process(es) on {env.num_nodes} node(s), {env.backend} on "
+            f"{env.device.type}; {tc.distributed_method}{' with CPU offload' if tc.cpu_offload else ''}; "
+            f"{self.precision}; {local_parameter_bytes(self.model) / 1e6:.1f} MB of parameters per rank",
+            f"Memory: {self.memory.describe()}",
+            f"Batch: {tc.batch_size} per process x {tc.grad_accum_steps} accumulation, "
+            f"{tokens_per_step:,} tokens per step, {self.steps_per_epoch:,} steps per epoch, "
+            f"{budget}, {self.train_loader.num_workers} data worker(s) per process",
+            f"Snapshots: {tc.snapshot_path} every {' and '.join(cadences)}; {resume}; "
+            f"{', '.join([*tc.stop_signals, 'Ctrl-C'])} stop with a snapshot",
+        ]
+
     def train(self) -> None:
         """Epochs until the budget (max_epochs, or max_steps) is spent; raises RunStopped when a
         stop signal ended the run early (after its snapshot)."""
-        with self._step_agreement() as self.agreement, self._saves_ended_on_error():
+        with self._step_agreement() as self.agreement, self.checkpointer.finished_on_error():
             while not self._budget_spent():
                 epoch = self.progress.finished_epoch + 1
                 self._train_epoch(epoch)
                 if self.progress.finished_epoch == epoch:
                     self._end_epoch(epoch)
-            if self.config.max_steps and self._last_saved_step != self.progress.step:
-                self._save_snapshot(f"step {self.progress.step} (the last)")
-            self._finish_saves()
+            self._snapshot_if_due(run_ended=True)
+            self.checkpointer.finish()
         clear_status()
         self.metrics.close()
 
     def _end_epoch(self, epoch: int) -> None:
-        if epoch % self.config.save_every == 0:
-            self._save_snapshot(f"epoch {epoch}")
+        self._snapshot_if_due(epoch_ended=True)
         if self.test_loader is not None and not self.config.eval_every_steps:
             self.evaluate(epoch)
 
@@ -296,17 +286,6 @@ class Trainer:
             agreement.close()
             self.agreement = None  # its group and signal handlers are gone: saves after train() go without it
 
-    @contextlib.contextmanager
-    def _saves_ended_on_error(self):
-        """When training fails, the background save in flight is still finished (it is whole or not
-        there: the write is atomic) before the process goes on to exit; the training error is the
-        one reported."""
-        try:
-            yield
-        except BaseException:
-            self.saves.finish()
-            raise
-
     def _dataloader(self, dataset: Dataset, batch_size: int, shuffle: bool, limit: Optional[int] = None):
         return make_dataloader(dataset, batch_size, self.config.data_loader_workers, self.env,
                                shuffle=shuffle, seed=self.config.seed, limit=limit,
@@ -331,10 +310,7 @@ class Trainer:
     def _start_epoch(self, epoch: int) -> int:
         """Set up the sampler and RNG for epoch; return the step it starts at (0 unless resuming)."""
         self.train_loader.sampler.set_epoch(epoch, start=self.progress.epoch_samples)
-        if self._rng_to_restore is not None:
-            restore_rng(self._rng_to_restore, self.env.device, fallback_seed=self._dropout_seed(epoch))
-            self._rng_to_restore = None
-        else:
+        if not self.checkpointer.restore_rng(fallback_seed=self._dropout_seed(epoch)):
             torch.manual_seed(self._dropout_seed(epoch))  # seeds the CUDA generators too
         return self.progress.epoch_step
 
@@ -371,25 +347,24 @@ class Trainer:
         self.progress.tokens += batch_len * self.env.world_size * self.block_size
 
     def _after_step(self, epoch: int) -> None:
-        """Step-cadence work, and what every rank agreed on: a timed snapshot, or a clean stop."""
+        """What every rank agreed on (a snapshot due, a clean stop), then step-cadence evaluation."""
+        decision = self.agreement.after_step(save_failed=self.checkpointer.failed())
+        if decision.save_failed:
+            self.checkpointer.finish()  # raises on every rank
+        self._snapshot_if_due(decision)
+        if decision.stop_signal:
+            self._stop(decision)
         step = self.progress.step
-        if self.config.save_every_steps and step % self.config.save_every_steps == 0:
-            self._save_snapshot(f"step {step}")
         if self.config.eval_every_steps and step % self.config.eval_every_steps == 0 and self.test_loader:
             self.evaluate(epoch)
             self.monitor.restart_window()
-        decision = self.agreement.after_step(save_failed=self.saves.failed())
-        if decision.save_failed:
-            self._finish_saves()  # raises on every rank
-        if decision.save and self._last_saved_step != step:
-            self._save_snapshot(f"step {step} ({self.config.save_every_minutes:g} minutes since the last)")
-        if decision.stop_signal:
-            if self._last_saved_step != step:
-                self._save_snapshot(f"step {step}")
-            self._finish_saves()  # "saved" below means written
-            clear_status()
-            log.info(f"Stopping on {decision.stop_signal_name}: snapshot saved at step {step}")
-            raise RunStopped(decision.stop_signal)
+
+    def _stop(self, decision: Decision) -> None:
+        """The stop's snapshot is taken; once it is written, every rank raises RunStopped."""
+        self.checkpointer.finish()  # "saved" below means written
+        clear_status()
+        log.info(f"Stopping on {decision.stop_signal_name}: snapshot saved at step {self.progress.step}")
+        raise RunStopped(decision.stop_signal)
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One optimizer step over a batch of grad_accum_steps micro-batches; returns its mean loss."""
@@ -455,75 +430,22 @@ class Trainer:
         self.model.train()
         return mean_loss.item()
 
-    def _save_snapshot(self, when: str) -> None:
-        """Every rank takes part (state, shards and RNG states); global rank 0 writes the rest.
+    def _snapshot_if_due(self, decision: Decision = Decision(), **occasion: bool) -> None:
+        when = self.checkpointer.due(self.progress, decision, **occasion)
+        if when:
+            self.save_snapshot(when)
 
-        With async_snapshots, once the previous save is finished, the state is copied and a
-        background thread writes it; "Snapshot saved" is logged when it is written."""
+    def save_snapshot(self, when: str) -> None:
+        """Take a snapshot of the training state now (every rank calls it), `when` naming the
+        moment in the log line; with async_snapshots, checkpointer.finish() waits for its write."""
         self.metrics.flush()  # the metrics file holds at least what the snapshot covers
-        self._finish_saves()
-        info = Snapshot(
-            **asdict(self.progress),
-            scaler_state=self.scaler.state_dict(),
-            rng_states=all_gather_objects(capture_rng(self.env.device)),
-            vocab=self.vocab,
-            model_config=asdict(unwrap(self.model).config),
-        )
-        if self.config.async_snapshots:
-            write = self.snapshots.capture(self.model, self.optimizer, info, self.env.is_main,
-                                           copy=self.saves.staging.copy)
-
-            def write_and_log() -> None:
-                write()
-                log.info(f"Snapshot saved at {when}")
-
-            self.saves.submit(write_and_log)
-        else:
-            self.snapshots.save(self.model, self.optimizer, info, self.env.is_main)
-            log.info(f"Snapshot saved at {when}")
-        self._last_saved_step = self.progress.step
+        self.checkpointer.save(when, self.progress, self.model, self.optimizer, self.scaler)
         if self.agreement is not None:
             self.agreement.saved()
 
-    def _finish_saves(self) -> None:
-        """Wait for the background save in flight (async_snapshots). Every rank takes part: when
-        the save failed on any rank, every rank raises here, the writing rank its own error."""
-        if not self.config.async_snapshots:
-            return
-        error = self.saves.finish()
-        if any_rank(error is not None):
-            raise error or SnapshotError("a background snapshot save failed on another rank; see its error")
 
-    def _resume(self) -> None:
-        """Restore the newest snapshot, if any, into the model, optimizer, scaler and progress."""
-        snapshot, path = self.snapshots.restore(self.model, self.optimizer,
-                                                asdict(unwrap(self.model).config), self.vocab)
-        if snapshot is None:
-            log.info("Snapshot not found. Training model from scratch")
-            return
-        if snapshot.scaler_state and self.scaler.is_enabled():
-            self.scaler.load_state_dict(snapshot.scaler_state)
-        self.progress = snapshot.progress
-        self._resume_position(snapshot)
-        where = ""
-        if snapshot.epoch_samples:
-            epoch = snapshot.finished_epoch + 1
-            where = f" (step {snapshot.step}, sample {snapshot.epoch_samples} of epoch {epoch})"
-        log.info(f"Resuming training from snapshot at Epoch {snapshot.finished_epoch}{where}")
-
-    def _resume_position(self, snapshot: Snapshot) -> None:
-        """Mid-epoch, continue with the next unseen sample of the epoch's global order.
-
-        At the world size that saved it, with each rank's RNG state of that moment: the unbroken
-        run, replayed exactly. At another world size the RNG streams (one per rank) cannot carry
-        over: each rank seeds its own, and the dropout masks differ from an unbroken run's.
-        """
-        if snapshot.epoch_samples == 0:
-            return
-        if snapshot.world_size == self.env.world_size:
-            self._rng_to_restore = snapshot.rng_states[self.env.rank]
-            return
-        warn_once(f"snapshot taken mid-epoch by {snapshot.world_size} ranks, resumed by "
-                  f"{self.env.world_size}: epoch {snapshot.finished_epoch + 1} continues at sample "
-                  f"{snapshot.epoch_samples:,} of its order, with new dropout streams")
-        self.progress.world_size = self.env.world_size
+def snapshot_policy(config: TrainerConfig) -> SnapshotPolicy:
+    return SnapshotPolicy(path=config.snapshot_path, snapshot_format=config.snapshot_format,
+                          keep_last=config.keep_last, async_snapshots=config.async_snapshots,
+                          every_epochs=config.save_every, every_steps=config.save_every_steps,
+                          every_minutes=config.save_every_minutes, save_last_step=config.max_steps > 0)

@@ -125,7 +125,8 @@ def record_samples(folder: str) -> None:
 
 if __name__ == "__main__":
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-    if "FAULT" in os.environ and first_attempt and os.environ.get("RANK", "0") == os.environ.get("FAULT_RANK", "1"):
+    faulty_rank = os.environ.get("RANK", "0") == os.environ.get("FAULT_RANK", "1")
+    if "FAULT" in os.environ and first_attempt and faulty_rank:
         plant(os.environ["FAULT"])
     if "RECORD_SAMPLES" in os.environ:
         record_samples(os.environ["RECORD_SAMPLES"])

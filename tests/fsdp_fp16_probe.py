@@ -34,7 +34,7 @@ with distributed_session() as env:
                                      dataset.vocab, env)
     batches = iter(trainer.train_loader)
     losses = [trainer.train_step(*next(batches)).item() for _ in range(30)]
-    trainer._save_snapshot("the end")
+    trainer.save_snapshot("the end")
     if env.is_main:
         print(f"FP16 {type(trainer.scaler).__name__} {losses[0]} {losses[-1]} {trainer.scaler.get_scale()}")
     del trainer, model

@@ -157,7 +157,8 @@ def final_state(snapshot) -> dict:
     return {"model": state["model_state"], "optimizer": state["optimizer_state"]["state"]}
 
 
-def start_until(cmd: list, line_wanted: str, env: Optional[dict] = None) -> tuple[subprocess.Popen, list[str]]:
+def start_until(cmd: list, line_wanted: str,
+                env: Optional[dict] = None) -> tuple[subprocess.Popen, list[str]]:
     """Start cmd in a session of its own and read its output until a line holding line_wanted."""
     process = subprocess.Popen([str(c) for c in cmd], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1",
                                "PYTHONUNBUFFERED": "1", **(env or {})}, stdout=subprocess.PIPE,

@@ -25,7 +25,8 @@ from torch.distributed.fsdp import FSDPModule
 MINGPT = Path(__file__).resolve().parent.parent / "mingpt"
 sys.path.insert(0, str(MINGPT))
 
-import trainer as trainer_module  # noqa: E402  (the module main.py will import, patched below)
+import checkpointer as checkpointer_module  # noqa: E402  (the modules main.py will import, patched below)
+import trainer as trainer_module  # noqa: E402
 from parallel import local_parameter_bytes  # noqa: E402
 from sharded_snapshot import ShardedSnapshotStore  # noqa: E402
 
@@ -68,8 +69,9 @@ class AlsoSharded:
 
 
 def also_sharded(folder: str, record_to: Optional[Path]) -> None:
-    open_store = trainer_module.open_snapshot_store
-    trainer_module.open_snapshot_store = lambda config: AlsoSharded(open_store(config), folder, record_to)
+    open_store = checkpointer_module.open_snapshot_store
+    checkpointer_module.open_snapshot_store = lambda policy: AlsoSharded(open_store(policy), folder,
+                                                                         record_to)
 
 
 def record_shards(folder: Path) -> None:

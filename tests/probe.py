@@ -73,7 +73,7 @@ def main(method: str, text_path: str, out_dir: str) -> None:
         hook.remove()
         local_sum, local_count = local_test_loss(trainer)
 
-        trainer._save_snapshot(1)
+        trainer.save_snapshot("epoch 1")
         facts = {
             "rank": env.rank,
             "world_size": env.world_size,

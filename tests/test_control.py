@@ -49,7 +49,8 @@ def test_ctrl_c_asks_for_a_stop_with_a_line_and_a_second_quits_at_once(world_of_
         agreement.close()
     assert signal.getsignal(signal.SIGINT) == before
     assert RunStopped(signal.SIGINT).exit_status == INTERRUPT_EXIT_STATUS == 130
-    assert RunStopped(signal.SIGTERM).exit_status == RunStopped(signal.SIGUSR1).exit_status == STOP_EXIT_STATUS
+    assert RunStopped(signal.SIGTERM).exit_status == STOP_EXIT_STATUS == 75
+    assert RunStopped(signal.SIGUSR1).exit_status == STOP_EXIT_STATUS
 
 
 @pytest.fixture

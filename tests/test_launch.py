@@ -50,7 +50,8 @@ def test_ranks_that_die_of_the_stop_signal_make_launch_say_no_snapshot_was_writt
     snapshot = tmp_path / "snap.pt"
     overrides = tiny_overrides(text_file, snapshot, trainer_config__stop_signals="[]",
                                trainer_config__data_loader_workers=1)
-    process, _ = start_until([sys.executable, MINGPT / "launch.py", "--nproc", "2", *overrides], "| Iter 40 |")
+    command = [sys.executable, MINGPT / "launch.py", "--nproc", "2", *overrides]
+    process, _ = start_until(command, "| Iter 40 |")
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 1, output

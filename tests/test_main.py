@@ -194,7 +194,8 @@ def offline() -> list[str]:
     """A command prefix that runs a command with no network but loopback (a network namespace)."""
     up_loopback = ["sh", "-c", 'ip link set lo up && exec "$@"', "offline"]
     for unshare in (["unshare", "--net"], ["unshare", "--user", "--map-root-user", "--net"]):
-        if shutil.which("ip") and subprocess.run([*unshare, *up_loopback, "true"], capture_output=True).returncode == 0:
+        works = subprocess.run([*unshare, *up_loopback, "true"], capture_output=True).returncode == 0
+        if shutil.which("ip") and works:
             return [*unshare, *up_loopback]
     pytest.skip("no network namespace here (unshare --net and ip): cannot run a command offline")
 

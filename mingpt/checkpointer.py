@@ -1,0 +1,207 @@
+"""A training run's snapshots: when one is due, taking it, and resuming from the newest.
+
+The Trainer asks `due()` at every step and epoch boundary, the one place that decides whether a
+snapshot is due (the epoch cadence, every N steps, rank 0's timer and the stop signals as every
+rank agreed on them in control.py, the last step of a step budget), and calls `save()`; a progress
+already saved is never saved twice. A snapshot holds the model and optimizer state (single file or
+sharded, snapshot.py and sharded_snapshot.py), the GradScaler's state, every rank's RNG states, the
+vocabulary and the model's config. With async_snapshots the state is copied and written by a
+background thread (background_save.py): `finish()` waits for it and raises on every rank if it
+failed on any. `resume()` restores the newest snapshot, and the RNG states are put back when the
+epoch it was taken in starts again (`restore_rng()`), so that a run resumed at the same world size
+replays the unbroken run exactly.
+"""
+import contextlib
+from dataclasses import asdict, dataclass, replace
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from background_save import BackgroundSaves
+from control import Decision
+from errors import SnapshotError
+from logger import log, warn_once
+from parallel import unwrap
+from process_group import DistEnv, all_gather_objects, any_rank
+from sharded_snapshot import ShardedSnapshotStore
+from snapshot import Progress, Snapshot, SnapshotStore
+from storage import check_writable
+
+SNAPSHOT_FORMATS = ("single", "sharded")
+
+
+@dataclass(frozen=True)
+class SnapshotPolicy:
+    """Where snapshots go and when (TrainerConfig's snapshot keys)."""
+
+    path: str
+    snapshot_format: str = "single"
+    keep_last: int = 3
+    async_snapshots: bool = False
+    every_epochs: int = 1
+    every_steps: int = 0
+    every_minutes: float = 0.0
+    """Kept by rank 0's timer in control.StepAgreement; here only to name the reason."""
+    save_last_step: bool = False
+    """A step budget's run (max_steps) ends with a snapshot of its last step."""
+
+
+def open_snapshot_store(policy: SnapshotPolicy):
+    """Every rank calls this, at the same point: a background sharded save gets a gloo group of its
+    own, so that its collectives (DCP's planning) never interleave with training's on one group."""
+    if policy.snapshot_format == "sharded":
+        group = dist.new_group(backend="gloo") if policy.async_snapshots else None
+        return ShardedSnapshotStore(policy.path, policy.keep_last, process_group=group)
+    return SnapshotStore(policy.path, policy.keep_last)
+
+
+def capture_rng(device: torch.device) -> dict[str, Optional[torch.Tensor]]:
+    return {"cpu": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def set_rng_states(state: dict[str, Optional[torch.Tensor]], device: torch.device,
+                   fallback_seed: int) -> None:
+    """Put the generators back as captured. A snapshot made on the CPU has no CUDA state: then
+    this rank's own seed, never one shared by all ranks (every rank would drop the same units)."""
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda":
+        if state["cuda"] is not None:
+            torch.cuda.set_rng_state(state["cuda"], device)
+        else:
+            torch.cuda.manual_seed(fallback_seed)
+
+
+class Checkpointer:
+    """Snapshots of one run, on every rank (each takes part in every save and restore)."""
+
+    def __init__(self, policy: SnapshotPolicy, env: DistEnv, vocab: list[str]):
+        self.policy = policy
+        self.env = env
+        self.vocab = vocab
+        self.store = open_snapshot_store(policy)
+        self.saves = BackgroundSaves()
+        """The snapshot writer of async_snapshots."""
+        self.last_saved: Optional[Progress] = None
+        """The training position of the last snapshot taken or restored."""
+        self._rng_to_restore: Optional[dict] = None
+        if env.is_main:
+            check_writable(self.store.folder, "trainer_config.snapshot_path")
+
+    @property
+    def folder(self) -> str:
+        """Where the snapshots (and the metrics beside them) live."""
+        return self.store.folder
+
+    def due(self, progress: Progress, decision: Decision = Decision(), epoch_ended: bool = False,
+            run_ended: bool = False) -> Optional[str]:
+        """Why a snapshot of progress is due now ("epoch 3", "step 40", ...), or None."""
+        if progress == self.last_saved:
+            return None
+        policy, step, epoch = self.policy, progress.step, progress.finished_epoch
+        if epoch_ended:
+            return f"epoch {epoch}" if epoch % policy.every_epochs == 0 else None
+        if run_ended:
+            return f"step {step} (the last)" if policy.save_last_step else None
+        if decision.stop_signal or (policy.every_steps and step % policy.every_steps == 0):
+            return f"step {step}"
+        if decision.save:
+            return f"step {step} ({policy.every_minutes:g} minutes since the last)"
+        return None
+
+    def save(self, when: str, progress: Progress, model: nn.Module, optimizer: torch.optim.Optimizer,
+             scaler: torch.amp.GradScaler) -> None:
+        """Every rank takes part (state, shards and RNG states); global rank 0 writes the rest.
+
+        With async_snapshots, once the previous save is finished, the state is copied and a
+        background thread writes it; "Snapshot saved" is logged when it is written."""
+        self.finish()
+        info = Snapshot(
+            **asdict(progress),
+            scaler_state=scaler.state_dict(),
+            rng_states=all_gather_objects(capture_rng(self.env.device)),
+            vocab=self.vocab,
+            model_config=asdict(unwrap(model).config),
+        )
+        if self.policy.async_snapshots:
+            write = self.store.capture(model, optimizer, info, self.env.is_main, copy=self.saves.staging.copy)
+
+            def write_and_log() -> None:
+                write()
+                log.info(f"Snapshot saved at {when}")
+
+            self.saves.submit(write_and_log)
+        else:
+            self.store.save(model, optimizer, info, self.env.is_main)
+            log.info(f"Snapshot saved at {when}")
+        self.last_saved = replace(progress)
+
+    def failed(self) -> bool:
+        """Whether this rank's background save has failed (never waits; for every step)."""
+        return self.saves.failed()
+
+    def finish(self) -> None:
+        """Wait for the background save in flight (async_snapshots). Every rank takes part: when
+        the save failed on any rank, every rank raises here, the writing rank its own error."""
+        if not self.policy.async_snapshots:
+            return
+        error = self.saves.finish()
+        if any_rank(error is not None):
+            raise error or SnapshotError("a background snapshot save failed on another rank; see its error")
+
+    @contextlib.contextmanager
+    def finished_on_error(self) -> Iterator[None]:
+        """When training fails, the background save in flight is still finished (it is whole or not
+        there: the write is atomic) before the process goes on to exit; the training error is the
+        one reported."""
+        try:
+            yield
+        except BaseException:
+            self.saves.finish()
+            raise
+
+    def resume(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+               scaler: torch.amp.GradScaler) -> Progress:
+        """Restore the newest snapshot, if any, into the model, optimizer and scaler; return where
+        training stands (the start, without one)."""
+        snapshot, _ = self.store.restore(model, optimizer, asdict(unwrap(model).config), self.vocab)
+        if snapshot is None:
+            log.info("Snapshot not found. Training model from scratch")
+            return Progress(world_size=self.env.world_size)
+        if snapshot.scaler_state and scaler.is_enabled():
+            scaler.load_state_dict(snapshot.scaler_state)
+        self.last_saved = snapshot.progress
+        where = ""
+        if snapshot.epoch_samples:
+            epoch = snapshot.finished_epoch + 1
+            where = f" (step {snapshot.step}, sample {snapshot.epoch_samples} of epoch {epoch})"
+        log.info(f"Resuming training from snapshot at Epoch {snapshot.finished_epoch}{where}")
+        return self._resume_position(snapshot)
+
+    def _resume_position(self, snapshot: Snapshot) -> Progress:
+        """Mid-epoch, continue with the next unseen sample of the epoch's global order.
+
+        At the world size that saved it, with each rank's RNG state of that moment: the unbroken
+        run, replayed exactly. At another world size the RNG streams (one per rank) cannot carry
+        over: each rank seeds its own, and the dropout masks differ from an unbroken run's.
+        """
+        progress = snapshot.progress
+        if snapshot.epoch_samples == 0:
+            return progress
+        if snapshot.world_size == self.env.world_size:
+            self._rng_to_restore = snapshot.rng_states[self.env.rank]
+            return progress
+        warn_once(f"snapshot taken mid-epoch by {snapshot.world_size} ranks, resumed by "
+                  f"{self.env.world_size}: epoch {snapshot.finished_epoch + 1} continues at sample "
+                  f"{snapshot.epoch_samples:,} of its order, with new dropout streams")
+        return replace(progress, world_size=self.env.world_size)
+
+    def restore_rng(self, fallback_seed: int) -> bool:
+        """Put back the RNG states of a resumed mid-epoch snapshot, once; False when there are none."""
+        if self._rng_to_restore is None:
+            return False
+        set_rng_states(self._rng_to_restore, self.env.device, fallback_seed)
+        self._rng_to_restore = None
+        return True
