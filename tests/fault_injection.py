@@ -71,7 +71,7 @@ def die_while_writing(step: int) -> None:
     torch.save = save
 
 
-SLOW_WRITE_S = 5.0
+SLOW_WRITE_S = 30.0
 
 
 def pause_while_writing(first_step: int) -> None:

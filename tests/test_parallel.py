@@ -92,23 +92,27 @@ def train(text_file, snapshot, method="fsdp", epochs=1, nproc=2, **extra):
 
 
 def step_losses(snapshot, epoch=None):
-    lines = read_metrics(default_metrics_path(str(snapshot)), "train")
+    """Train losses of the run that wrote snapshot (a file of a snapshot folder: the folder's run)."""
+    in_folder = snapshot.name.startswith("snapshot_")
+    metrics = snapshot.parent / "metrics.jsonl" if in_folder else default_metrics_path(str(snapshot))
+    lines = read_metrics(str(metrics), "train")
     return [line["loss"] for line in lines if epoch is None or line["epoch"] == epoch]
 
 
 @pytest.fixture(scope="module")
 def runs(text_file, tmp_path_factory):
-    """Snapshots and losses of: FSDP and DDP for one epoch, and FSDP for two epochs unbroken."""
+    """Snapshots and losses of: FSDP for two epochs unbroken, into a snapshot folder whose first
+    epoch's snapshot is also the one-epoch FSDP run's (the learning rate is constant), and DDP for one
+    epoch."""
     folder = tmp_path_factory.mktemp("runs")
-    paths = {name: folder / f"{name}.pt" for name in ("fsdp1", "ddp1", "fsdp2")}
-    train(text_file, paths["fsdp1"], "fsdp")
-    train(text_file, paths["ddp1"], "ddp")
-    train(text_file, paths["fsdp2"], "fsdp", epochs=2)
-    return paths
+    train(text_file, folder / "fsdp2", "fsdp", epochs=2)
+    fsdp1, fsdp2 = sorted((folder / "fsdp2").glob("snapshot_*.pt"))
+    train(text_file, folder / "ddp1.pt", "ddp")
+    return {"fsdp1": fsdp1, "fsdp2": fsdp2, "ddp1": folder / "ddp1.pt"}
 
 
 def test_fsdp_losses_match_ddp_step_by_step(runs):
-    fsdp, ddp = step_losses(runs["fsdp1"]), step_losses(runs["ddp1"])
+    fsdp, ddp = step_losses(runs["fsdp1"], epoch=1), step_losses(runs["ddp1"])
     assert len(fsdp) == len(ddp) > 50
     assert fsdp[:20] == pytest.approx(ddp[:20], rel=1e-5)
     assert fsdp[-1] < fsdp[0] - 0.5, "FSDP did not train"
@@ -142,7 +146,7 @@ def test_snapshots_resume_across_methods_and_world_sizes(runs, text_file, tmp_pa
     unbroken = step_losses(runs["fsdp2"], epoch=2)
     if nproc == 2:  # same data per step: the losses follow the unbroken run's closely
         assert resumed == pytest.approx(unbroken, rel=1e-3)
-    assert max(resumed) < step_losses(runs["fsdp1"])[0] - 0.5, "resumed from untrained weights"
+    assert max(resumed) < step_losses(runs["fsdp1"], epoch=1)[0] - 0.5, "resumed from untrained weights"
 
 
 def test_cpu_offload_resumes_and_trains_as_without_it(runs, text_file, tmp_path):
