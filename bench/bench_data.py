@@ -41,16 +41,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+import numpy as np
+import torch
 from common import REPO, RESULTS, emit, save_json
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from char_dataset import DataConfig, open_corpus, split_dataset  # noqa: E402
-from data_loader import make_dataloader  # noqa: E402
-from prepare_data import CHUNK_BYTES, open_token_file, token_file_for  # noqa: E402
-from prepare_data import prepare as prepare_text  # noqa: E402
-from process_group import DistEnv  # noqa: E402
+from mingpt.char_dataset import DataConfig, open_corpus, split_dataset
+from mingpt.distributed.process_group import DistEnv
+from mingpt.tokens.data_loader import make_dataloader
+from mingpt.tokens.token_file import CHUNK_BYTES, open_token_file, token_file_for
+from mingpt.tokens.token_file import prepare as prepare_text
 
 MAIN = REPO / "mingpt" / "main.py"
 PREPARE = REPO / "mingpt" / "prepare_data.py"

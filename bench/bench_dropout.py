@@ -14,15 +14,14 @@ import time
 from pathlib import Path
 from unittest import mock
 
+import torch  # noqa: E402  (common puts mingpt/ on the path first)
+import torch.nn.functional as F
 from common import RESULTS, benchmark_trainer, save_json
 
-import torch  # noqa: E402  (common puts mingpt/ on the path first)
-import torch.nn.functional as F  # noqa: E402
-
-import model as model_module  # noqa: E402
-from model import PRESETS, GPTConfig  # noqa: E402
-from process_group import distributed_session  # noqa: E402
-from trainer import Trainer  # noqa: E402
+from mingpt import model as model_module
+from mingpt.distributed.process_group import distributed_session
+from mingpt.model import PRESETS, GPTConfig
+from mingpt.trainer import Trainer
 
 BLOCK, BATCH = 128, 8  # the shape
 

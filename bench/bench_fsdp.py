@@ -31,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch  # noqa: E402  (common puts mingpt/ on the path first)
 from common import (
     RESULTS,
     add_shared_arguments,
@@ -45,10 +46,9 @@ from common import (
     timed_steps,
 )
 
-import torch  # noqa: E402  (common puts mingpt/ on the path first)
-from activation_checkpointing import CHECKPOINTING_MODES, saved_activations  # noqa: E402
-from errors import MinGPTError  # noqa: E402
-from model import PRESETS  # noqa: E402
+from mingpt.distributed.activation_checkpointing import CHECKPOINTING_MODES, saved_activations
+from mingpt.model import PRESETS
+from mingpt.reporting.errors import MinGPTError
 
 COMMUNICATION_REGIONS = ("FSDP::all_gather", "FSDP::post_backward_reduce", "FSDP::post_backward_rs_wait")
 """FSDP2's record_function names around its collectives (all_gather also covers all_gather_copy_out,
@@ -57,7 +57,7 @@ where an asynchronous all-gather is waited for); they do not nest in one another
 
 def worker(args: argparse.Namespace) -> None:
     """Runs under torchrun: time training steps, then rank 0 emits every rank's figures."""
-    from process_group import all_gather_objects, distributed_session
+    from mingpt.distributed.process_group import all_gather_objects, distributed_session
 
     settings = dict(batch_size=args.batch_size, use_amp=args.amp, amp_dtype="bfloat16",
                     distributed_method=args.method, activation_checkpointing=args.activation_checkpointing,

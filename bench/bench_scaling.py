@@ -14,6 +14,7 @@ Trainer. What a fair baseline is depends on the device:
 import argparse
 from pathlib import Path
 
+import torch  # noqa: E402  (common puts mingpt/ on the path first)
 from common import (
     RESULTS,
     add_shared_arguments,
@@ -25,11 +26,9 @@ from common import (
     timed_steps,
 )
 
-import torch  # noqa: E402  (common puts mingpt/ on the path first)
-
 
 def worker(args: argparse.Namespace) -> None:
-    from process_group import distributed_session
+    from mingpt.distributed.process_group import distributed_session
 
     with distributed_session() as env:
         with benchmark_trainer(env, args.layers, args.heads, args.embd, args.block_size,

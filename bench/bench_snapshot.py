@@ -14,24 +14,20 @@
 import argparse
 import math
 import os
-import sys
 import tempfile
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
-from common import REPO, RESULTS, benchmark_trainer, save_json, timed_steps
+import torch
+from common import RESULTS, benchmark_trainer, save_json, timed_steps
+from s3_server import start_s3_server
 
-import fsspec  # noqa: E402
-import torch  # noqa: E402
-
-sys.path.insert(0, str(REPO / "tests"))  # the tests' S3 server
-
-from parallel import gather_full_state, unwrap  # noqa: E402
-from process_group import distributed_session  # noqa: E402
-from s3_server import start_s3_server  # noqa: E402
-from snapshot import Snapshot, read_snapshot, write_snapshot  # noqa: E402
+from mingpt.distributed.parallel import gather_full_state, unwrap
+from mingpt.distributed.process_group import distributed_session
+from mingpt.storage import files
+from mingpt.storage.snapshot import Snapshot, read_snapshot, write_snapshot
 
 
 def best_of(repeats: int, action) -> float:
@@ -54,7 +50,7 @@ def snapshot_of(trainer) -> Snapshot:
 
 def load_streamed(url: str) -> None:
     """torch.load straight from the (remote) file object: what read_snapshot avoids."""
-    with fsspec.open(url, "rb") as f:
+    with files.open_file(url, "rb") as f:
         torch.load(f, map_location="cpu", weights_only=True)
 
 

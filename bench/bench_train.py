@@ -45,21 +45,33 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from common import (RESULTS, cpu_name, held_state_bytes, peak_memory, reset_peak_memory, save_json,
-                    synthetic_text)
-
 import torch  # noqa: E402  (common puts mingpt/ on the path first)
+from common import (
+    RESULTS,
+    cpu_name,
+    held_state_bytes,
+    peak_memory,
+    reset_peak_memory,
+    save_json,
+    synthetic_text,
+)
 
-from char_dataset import (  # noqa: E402
-    DEFAULT_CORPUS, CharDataset, DataConfig, open_corpus, prepare_corpus, split_dataset)
-from errors import DataError  # noqa: E402
-from flops import gpu_peak_flops, matmul_flops_by_size, model_flops_utilization, wait_for  # noqa: E402
-from logger import configure_logging, log  # noqa: E402
-from model import GPT, PRESETS, GPTConfig, OptimizerConfig  # noqa: E402
-from parallel import METHODS, gradient_sync  # noqa: E402
-from precision import resolve_precision  # noqa: E402
-from process_group import DistEnv, barrier, distributed_session  # noqa: E402
-from trainer import Trainer, TrainerConfig  # noqa: E402
+from mingpt.char_dataset import (
+    DEFAULT_CORPUS,
+    CharDataset,
+    DataConfig,
+    open_corpus,
+    prepare_corpus,
+    split_dataset,
+)
+from mingpt.distributed.parallel import METHODS, gradient_sync
+from mingpt.distributed.precision import resolve_precision
+from mingpt.distributed.process_group import DistEnv, barrier, distributed_session
+from mingpt.model import GPT, PRESETS, GPTConfig, OptimizerConfig
+from mingpt.reporting.errors import DataError
+from mingpt.reporting.flops import gpu_peak_flops, matmul_flops_by_size, model_flops_utilization, wait_for
+from mingpt.reporting.logger import configure_logging, log
+from mingpt.trainer import Trainer, TrainerConfig
 
 SEED = 1337
 PHASES = ("data", "forward", "backward", "optimizer", "communication")

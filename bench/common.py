@@ -13,18 +13,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+import torch
+
+from mingpt.char_dataset import CharDataset
+from mingpt.distributed.parallel import local_bytes
+from mingpt.distributed.process_group import DistEnv
+from mingpt.model import GPT, GPTConfig, OptimizerConfig
+from mingpt.trainer import Trainer, TrainerConfig
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
-sys.path.insert(0, str(REPO / "mingpt"))  # the project's flat imports (`from model import GPT`)
-
-import torch  # noqa: E402
-
-from char_dataset import CharDataset  # noqa: E402
-from model import GPT, GPTConfig, OptimizerConfig  # noqa: E402
-from parallel import local_bytes  # noqa: E402
-from process_group import DistEnv  # noqa: E402
-from trainer import Trainer, TrainerConfig  # noqa: E402
-
 RESULT_PREFIX = "RESULT "
 
 
@@ -56,7 +54,8 @@ def benchmark_trainer(env: DistEnv, n_layer: int, n_head: int, n_embd: int, bloc
     with tempfile.TemporaryDirectory() as scratch:
         settings = {"data_loader_workers": 0, "use_amp": False, "snapshot_path": f"{scratch}/snap.pt",
                     **trainer_settings}
-        trainer = Trainer(TrainerConfig(**settings), model, OptimizerConfig(), dataset, None, dataset.vocab, env)
+        trainer = Trainer(TrainerConfig(**settings), model, OptimizerConfig(), dataset, None, dataset.vocab,
+                          env)
         try:
             yield trainer
         finally:

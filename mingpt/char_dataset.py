@@ -13,9 +13,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from errors import DataError, check, check_positive
-from permutation import Permutation
-from prepare_data import TokenFile, encode_text, open_token_file, prepare, token_file_for
+from mingpt.reporting.errors import DataError, check, check_positive
+from mingpt.tokens.permutation import Permutation
+from mingpt.tokens.token_file import TokenFile, encode_text, open_token_file, prepare, token_file_for
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CORPUS = REPO_ROOT / "data" / "input.txt"

@@ -12,7 +12,6 @@ same, and a second Ctrl-C quits at once. This launcher exits as main.py does, 75
 only when every worker says it stopped with its snapshot written; otherwise it says that no
 snapshot was written at the stop and exits with status 1.
 """
-import argparse
 import os
 import sys
 import tempfile
@@ -24,7 +23,8 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
-from control import STOP_RECORD_ENV, clean_stops
+from mingpt.distributed.control import STOP_RECORD_ENV, clean_stops
+from mingpt.reporting.errors import OneLineArgumentParser, command
 
 MAIN = Path(__file__).resolve().with_name("main.py")
 CPU_WORKERS = 2
@@ -51,8 +51,9 @@ def stop_options() -> list[str]:
     return options
 
 
+@command
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    parser = OneLineArgumentParser(description=__doc__.splitlines()[0],
                                      epilog="Other arguments are passed to main.py as Hydra overrides.")
     parser.add_argument("--nproc", type=int, default=None, metavar="N",
                         help=f"worker processes (default: one per GPU, or {CPU_WORKERS} without GPUs)")

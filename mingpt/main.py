@@ -9,7 +9,6 @@ their checks reject out-of-range values with one line naming the key.
 """
 import os
 import sys
-import time
 from dataclasses import dataclass, field, replace
 
 import hydra
@@ -18,14 +17,13 @@ import torch.distributed as dist
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from char_dataset import REPO_ROOT, CharDataset, DataConfig, open_corpus, prepare_corpus, split_dataset
-from control import INTERRUPT_EXIT_STATUS, RunStopped, record_clean_stop
-from errors import MinGPTError, check
-from logger import configure_logging, log
-from model import GPT, GPTConfig, OptimizerConfig
-from process_group import DistEnv, barrier, distributed_session
-from storage import short_reason
-from trainer import Trainer, TrainerConfig
+from mingpt.char_dataset import REPO_ROOT, CharDataset, DataConfig, open_corpus, prepare_corpus, split_dataset
+from mingpt.distributed.control import INTERRUPT_EXIT_STATUS, RunStopped, record_clean_stop
+from mingpt.distributed.process_group import DistEnv, barrier, distributed_session
+from mingpt.model import GPT, GPTConfig, OptimizerConfig
+from mingpt.reporting.errors import MinGPTError, check, command, short_reason
+from mingpt.reporting.logger import configure_logging, log
+from mingpt.trainer import Trainer, TrainerConfig
 
 
 @dataclass
@@ -43,11 +41,6 @@ class TrainConfig:
             check(getattr(self.gpt_config, derived) is None, f"gpt_config.{derived}",
                   f"comes from {source}; do not set it")
 
-
-REPORTER_GRACE_S = 5.0
-"""How long a rank other than local rank 0 waits before reporting its error: long enough for local
-rank 0, failing alike, to report and exit and for torchrun to stop the rest, on a loaded machine
-too (2 s was sometimes not); only an error of that rank's own is said this much later."""
 
 ConfigStore.instance().store(name="train_config_schema", node=TrainConfig)
 OmegaConf.register_new_resolver("repo_path", lambda relative: str(REPO_ROOT / relative), replace=True)
@@ -97,42 +90,45 @@ def startup_summary(config: TrainConfig, dataset: CharDataset, train_set, test_s
     return [*model_to_batch, data_line, snapshots]
 
 
-def report_error(error: MinGPTError) -> None:
-    """One line on stderr, once per machine when every rank fails alike (bad input does).
-
-    Local rank 0 speaks at once. The other ranks wait a moment first: torchrun stops the whole
-    group as soon as one worker exits, so when local rank 0 failed too it has spoken and they are
-    stopped before speaking; an error of their own (local rank 0 still training) is still said.
-    """
-    rank = int(os.environ.get("RANK", 0))
-    if int(os.environ.get("LOCAL_RANK", 0)) != 0:
-        time.sleep(REPORTER_GRACE_S)
-    origin = "" if rank == 0 else f"[rank {rank}] "
-    print(f"error: {origin}{error}", file=sys.stderr, flush=True)
-
-
 @hydra.main(version_base=None, config_path=".", config_name="gpt2_train_cfg")
 def main(cfg: DictConfig) -> None:
+    status = run(cfg)
+    if status:  # returning, not exiting, on success: a sweep (-m) runs its next job in this process
+        sys.exit(status)
+
+
+@command
+def run(cfg: DictConfig) -> int:
+    """Train; the exit status: 0 when training ends, 75 (130 after Ctrl-C) when a stop signal
+    stopped it with its snapshot written, 1 on a user's error or a lost peer (each said in one line)."""
     try:
-        train(OmegaConf.to_object(cfg))
+        train(load_config(cfg))
     except RunStopped as stop:
         record_clean_stop(stop.exit_status)  # the snapshot is written; the trainer has said so
-        sys.exit(stop.exit_status)
+        return stop.exit_status
     except KeyboardInterrupt:  # Ctrl-C before training, or a second one during it (control.py)
         if int(os.environ.get("RANK", 0)) == 0:
             print("Interrupted: quit without a new snapshot (the last complete one is as it was)",
                   file=sys.stderr, flush=True)
-        sys.exit(INTERRUPT_EXIT_STATUS)
-    except MinGPTError as error:
-        report_error(error)
-        sys.exit(1)
+        return INTERRUPT_EXIT_STATUS
     except (dist.DistError, RuntimeError) as error:
         if not lost_a_peer(error):
             raise
         # Another process died (it reports its own error): say so in one line, not a traceback.
         print(f"error: [rank {os.environ.get('RANK', 0)}] lost contact with another process "
               f"({short_reason(error)}); see that process's output", file=sys.stderr, flush=True)
-        sys.exit(1)
+        return 1
+    return 0
+
+
+def load_config(cfg: DictConfig) -> TrainConfig:
+    """The typed config. Every rank reads the same command line, so a mistake in it is said by local
+    rank 0 alone (no process group yet to agree through)."""
+    try:
+        return OmegaConf.to_object(cfg)
+    except MinGPTError as error:
+        error.said = int(os.environ.get("LOCAL_RANK", 0)) != 0
+        raise
 
 
 def lost_a_peer(error: Exception) -> bool:

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from errors import check, check_positive
+from mingpt.reporting.errors import check, check_positive
 
 # (n_layer, n_head, n_embd) of the named models minGPT knows.
 PRESETS: dict[str, tuple[int, int, int]] = {

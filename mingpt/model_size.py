@@ -4,11 +4,12 @@
 
 A snapshot holds the fp32 model state plus AdamW's two moments per parameter: about 3x the model.
 """
-import argparse
+from typing import Optional
 
 import torch
 
-from model import GPT, PRESETS, GPTConfig
+from mingpt.model import GPT, PRESETS, GPTConfig
+from mingpt.reporting.errors import OneLineArgumentParser, command
 
 DEFAULT = "default (gpt2_train_cfg.yaml)"
 SETTINGS: dict[str, tuple[int, int, int]] = {DEFAULT: (8, 8, 512), **PRESETS}
@@ -36,11 +37,12 @@ def table(vocab_size: int, block_size: int) -> str:
     return "\n".join(rows)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+@command
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = OneLineArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab-size", type=int, default=65, help="tiny-shakespeare has 65 characters")
     parser.add_argument("--block-size", type=int, default=128)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print(table(args.vocab_size, args.block_size))
 
 

@@ -11,11 +11,9 @@ The metrics file is the one training writes beside the snapshot (see metrics.py)
 """
 import argparse
 import posixpath
-import sys
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import fsspec
 import matplotlib
 import numpy as np
 
@@ -25,9 +23,9 @@ import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import EngFormatter  # noqa: E402
 
-from errors import MinGPTError, OneLineArgumentParser  # noqa: E402
-from metrics import read_metrics  # noqa: E402
-from storage import short_reason  # noqa: E402
+from mingpt.reporting.errors import MinGPTError, OneLineArgumentParser, command, short_reason  # noqa: E402
+from mingpt.reporting.metrics import read_metrics  # noqa: E402
+from mingpt.storage.files import open_file  # noqa: E402
 
 FIGURE_INCHES = (8.0, 4.5)
 DPI = 100  # FIGURE_INCHES * DPI = 800 x 450 pixels
@@ -128,7 +126,7 @@ def load_lines(path: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 def write_png(fig: Figure, output: str) -> None:
     """Save fig as PNG to a local path or any fsspec URL."""
     try:
-        with fsspec.open(output, "wb") as f:
+        with open_file(output, "wb") as f:
             fig.savefig(f, format="png")
     except Exception as e:  # a missing folder, permissions, credentials
         raise MinGPTError(f"-o: cannot write {output} ({short_reason(e)})") from None
@@ -160,14 +158,11 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@command
 def main(argv: Optional[list[str]] = None) -> None:
-    try:
-        args = parse_args(argv)
-        runs = load_runs(args.metrics, args.label)
-        write_png(plot_runs(runs, args.title or default_title(args.metrics)), args.output)
-    except MinGPTError as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        sys.exit(1)
+    args = parse_args(argv)
+    runs = load_runs(args.metrics, args.label)
+    write_png(plot_runs(runs, args.title or default_title(args.metrics)), args.output)
     counts = "; ".join(f"{len(run.train)} train steps, {len(run.evals)} eval passes" for run in runs)
     print(f"wrote {args.output} ({counts})")
 

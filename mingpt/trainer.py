@@ -24,18 +24,16 @@ import torch
 import torch.nn as nn
 from torch.utils.data import Dataset
 
-from activation_checkpointing import CHECKPOINTING_MODES, checkpoint_blocks
-from checkpointer import SNAPSHOT_FORMATS, Checkpointer, SnapshotPolicy
-from control import Decision, RunStopped, StepAgreement, check_signal_names, handled_signals
-from data_loader import make_dataloader
-from errors import check, check_positive
-from flops import peak_flops
-from logger import clear_status, log
-from memory import check_memory, plan_memory
-from metrics import MetricsLog, default_metrics_path
-from model import OptimizerConfig, create_optimizer, learning_rate_at
-from monitor import TrainingMonitor
-from parallel import (
+from mingpt.distributed.activation_checkpointing import CHECKPOINTING_MODES, checkpoint_blocks
+from mingpt.distributed.control import (
+    Decision,
+    RunStopped,
+    StepAgreement,
+    check_signal_names,
+    handled_signals,
+)
+from mingpt.distributed.memory import check_memory, plan_memory
+from mingpt.distributed.parallel import (
     METHODS,
     SHARDED_METHODS,
     Parallelism,
@@ -47,10 +45,18 @@ from parallel import (
     parallelize,
     unwrap,
 )
-from precision import AMP_DTYPES, resolve_precision
-from process_group import DEFAULT_TIMEOUT_S, DistEnv, all_reduce_sum
-from snapshot import Snapshot
-from storage import check_writable, parent_folder
+from mingpt.distributed.precision import AMP_DTYPES, resolve_precision
+from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, all_reduce_sum
+from mingpt.model import OptimizerConfig, create_optimizer, learning_rate_at
+from mingpt.reporting.errors import check, check_positive
+from mingpt.reporting.flops import peak_flops
+from mingpt.reporting.logger import clear_status, log
+from mingpt.reporting.metrics import MetricsLog, default_metrics_path
+from mingpt.reporting.monitor import TrainingMonitor
+from mingpt.storage.checkpointer import SNAPSHOT_FORMATS, Checkpointer, SnapshotPolicy
+from mingpt.storage.files import check_writable, parent_folder
+from mingpt.storage.snapshot import Snapshot
+from mingpt.tokens.data_loader import make_dataloader
 
 __all__ = ["Trainer", "TrainerConfig", "Snapshot"]
 

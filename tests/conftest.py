@@ -2,7 +2,6 @@
 from pathlib import Path
 
 import pytest
-
 from helpers import make_text
 from s3_server import S3Server, start_s3_server
 

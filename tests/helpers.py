@@ -18,6 +18,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 MINGPT = REPO / "mingpt"
 MAIN = MINGPT / "main.py"
+WORKER_SCRIPTS = REPO / "tests" / "workers"  # torchrun entry points that look inside a rank
 SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]  # the `torchrun` console script's module
 
@@ -93,8 +94,8 @@ def assert_ok(result: subprocess.CompletedProcess) -> None:
 
 
 def run_probe(method: str, text_file: Path, out: Path, nproc: int = 2) -> list[dict]:
-    """Facts from each rank of tests/probe.py: one step, an eval pass and a snapshot."""
-    result = run([*TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", REPO / "tests" / "probe.py",
+    """Facts from each rank of tests/workers/probe.py: one step, an eval pass and a snapshot."""
+    result = run([*TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", WORKER_SCRIPTS / "probe.py",
                   method, text_file, out])
     assert_ok(result)
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(nproc)]
@@ -136,7 +137,8 @@ def serving(body: bytes) -> Iterator[tuple[str, list]]:
 
 def run_with_restarts(text_file, snapshot, fault=None, fault_rank=1, method="ddp", **extra):
     """Two epochs on 2 ranks under torchrun --max-restarts, a step snapshot every 10 steps, with a
-    fault planted by tests/fault_injection.py (FAULT=...); extra: more overrides, as tiny_overrides'."""
+    fault planted by tests/workers/fault_injection.py (FAULT=...); extra: more overrides, as
+    tiny_overrides'."""
     overrides = tiny_overrides(text_file, snapshot, trainer_config__max_epochs=2,
                                trainer_config__save_every_steps=10, trainer_config__distributed_method=method,
                                **extra)
@@ -144,7 +146,7 @@ def run_with_restarts(text_file, snapshot, fault=None, fault_rank=1, method="ddp
     if fault:
         env.update(FAULT=fault, FAULT_RANK=str(fault_rank))
     result = run([*TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=2",
-                  REPO / "tests" / "fault_injection.py", *overrides], env=env, timeout=300)
+                  WORKER_SCRIPTS / "fault_injection.py", *overrides], env=env, timeout=300)
     assert_ok(result)
     return result
 

@@ -3,15 +3,15 @@ with dropout on and under bf16 autocast, and fewer bytes held for the backward p
 (Under DDP and FSDP on 2 ranks: tests/test_parallel.py.)"""
 import pytest
 import torch
-
-import trainer as trainer_module
-from activation_checkpointing import saved_activations
-from char_dataset import CharDataset
-from errors import ConfigError
 from helpers import make_text
-from model import GPT, GPTConfig, OptimizerConfig
-from precision import Precision
-from process_group import DistEnv
+
+from mingpt import trainer as trainer_module
+from mingpt.char_dataset import CharDataset
+from mingpt.distributed.activation_checkpointing import saved_activations
+from mingpt.distributed.precision import Precision
+from mingpt.distributed.process_group import DistEnv
+from mingpt.model import GPT, GPTConfig, OptimizerConfig
+from mingpt.reporting.errors import ConfigError
 
 CPU = torch.device("cpu")
 

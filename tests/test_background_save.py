@@ -3,15 +3,15 @@ import os
 import sys
 
 import torch
+from helpers import MAIN, assert_ok, run, run_main, sha256, tiny_overrides
+from state_equality import assert_same_state
+from test_main import one_error_line
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 from torch.distributed.fsdp import fully_shard
 
-from background_save import BackgroundSaves, StagingBuffer
-from helpers import MAIN, assert_ok, run, run_main, sha256, tiny_overrides
-from parallel import gather_full_state
-from snapshot import read_snapshot
-from state_equality import assert_same_state
-from test_main import one_error_line
+from mingpt.distributed.parallel import gather_full_state
+from mingpt.storage.background_save import BackgroundSaves, StagingBuffer
+from mingpt.storage.snapshot import read_snapshot
 
 
 def stepped_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, full: bool):

@@ -3,7 +3,6 @@ import json
 import sys
 
 import pytest
-
 from helpers import REPO, assert_ok, run
 
 

@@ -10,9 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel as DDP
-
 from helpers import REPO, TORCHRUN
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 BENCH = REPO / "bench" / "bench_train.py"
 PHASES = {"data", "forward", "backward", "optimizer", "communication"}

@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 import torch
-
-from char_dataset import CharDataset, DataConfig, open_corpus, prepare_corpus, split_dataset
-from errors import ConfigError, DataError
 from helpers import make_text, serving
+
+from mingpt.char_dataset import CharDataset, DataConfig, open_corpus, prepare_corpus, split_dataset
+from mingpt.reporting.errors import ConfigError, DataError
 
 
 def dataset_of(text: str, block_size: int = 8) -> CharDataset:

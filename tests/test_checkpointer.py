@@ -3,11 +3,11 @@ import signal
 
 import torch
 
-from checkpointer import Checkpointer, SnapshotPolicy
-from control import Decision
-from model import GPT, GPTConfig, OptimizerConfig, create_optimizer
-from process_group import DistEnv
-from snapshot import Progress
+from mingpt.distributed.control import Decision
+from mingpt.distributed.process_group import DistEnv
+from mingpt.model import GPT, GPTConfig, OptimizerConfig, create_optimizer
+from mingpt.storage.checkpointer import Checkpointer, SnapshotPolicy
+from mingpt.storage.snapshot import Progress
 
 ONE_PROCESS = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"),
                       backend="gloo")
@@ -15,7 +15,8 @@ STOP = Decision(stop_signal=signal.SIGTERM)
 
 
 def checkpointer(tmp_path, **policy) -> Checkpointer:
-    return Checkpointer(SnapshotPolicy(path=str(tmp_path / "snap.pt"), **policy), ONE_PROCESS, vocab=list("ab"))
+    policy = SnapshotPolicy(path=str(tmp_path / "snap.pt"), **policy)
+    return Checkpointer(policy, ONE_PROCESS, vocab=list("ab"))
 
 
 def mid_epoch(step: int) -> Progress:

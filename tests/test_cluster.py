@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from cluster import (
     TERMINAL_JOB_STATES,
     SlurmCluster,
@@ -30,10 +29,21 @@ from cluster import (
     slurm_unavailable,
     wait_for,
 )
-from helpers import MAIN, REPO, TORCHRUN, assert_ok, final_state, losses, run_main, tiny_overrides
-from metrics import default_metrics_path, read_metrics
-from sharded_snapshot import to_single_file
+from helpers import (
+    MAIN,
+    REPO,
+    TORCHRUN,
+    WORKER_SCRIPTS,
+    assert_ok,
+    final_state,
+    losses,
+    run_main,
+    tiny_overrides,
+)
 from state_equality import assert_same_state
+
+from mingpt.reporting.metrics import default_metrics_path, read_metrics
+from mingpt.storage.sharded_store import to_single_file
 
 SBATCH_RUN = REPO / "slurm" / "sbatch_run.sh"
 RESUMED = re.compile(r"Resuming training from snapshot at Epoch (\d+)")
@@ -348,7 +358,7 @@ class TestElastic:
 
 # -- HSDP across the two hosts ------------------------------------------------------------------
 
-HSDP_MAIN = REPO / "tests" / "hsdp_main.py"
+HSDP_MAIN = WORKER_SCRIPTS / "hsdp_main.py"
 FSDP_STEPS = 10  # the first hop's step budget
 DDP_STEPS = 5  # the last hop's steps after the HSDP snapshot
 
@@ -362,7 +372,7 @@ class HsdpChain:
     hsdp_step: int  # where the HSDP run's snapshot stands
     snapshot: Path  # the single-file snapshot of the first two hops
     sharded: Path  # the sharded snapshots: HSDP's, then DDP's
-    recorded: Path  # what each HSDP rank held after each load and at the end (tests/hsdp_main.py)
+    recorded: Path  # what each HSDP rank held after each load and at the end (tests/workers/hsdp_main.py)
 
     @property
     def shards(self) -> list[dict]:
@@ -374,7 +384,7 @@ class HsdpChain:
 @pytest.fixture(scope="class")
 def hsdp_chain(text_file, tmp_path_factory) -> HsdpChain:
     """fsdp -> hsdp -> ddp, each resuming the snapshot of the one before, every snapshot written both
-    as a single file and sharded (tests/hsdp_main.py).
+    as a single file and sharded (tests/workers/hsdp_main.py).
 
     fsdp: 2 ranks on this host, 10 steps. hsdp: node1 and node2 with 2 ranks each, a 2 x 2 mesh,
     loading FSDP's sharded snapshot and then its single file (recording what each left on every

@@ -5,10 +5,17 @@ from types import SimpleNamespace
 
 import pytest
 
-import control
-from control import (INTERRUPT_EXIT_STATUS, STOP_EXIT_STATUS, Decision, RunStopped, StepAgreement,
-                     check_signal_names, signal_number)
-from errors import ConfigError
+from mingpt.distributed import control
+from mingpt.distributed.control import (
+    INTERRUPT_EXIT_STATUS,
+    STOP_EXIT_STATUS,
+    Decision,
+    RunStopped,
+    StepAgreement,
+    check_signal_names,
+    signal_number,
+)
+from mingpt.reporting.errors import ConfigError
 
 
 def test_signal_names_in_any_spelling():

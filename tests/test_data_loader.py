@@ -5,11 +5,11 @@ import time
 
 import psutil
 import torch
-
-from char_dataset import CharDataset, DataConfig, split_dataset
-from data_loader import DEFAULT_WORKERS, GlobalOrderSampler, make_dataloader, usable_workers
 from helpers import make_text
-from process_group import DistEnv
+
+from mingpt.char_dataset import CharDataset, DataConfig, split_dataset
+from mingpt.distributed.process_group import DistEnv
+from mingpt.tokens.data_loader import DEFAULT_WORKERS, GlobalOrderSampler, make_dataloader, usable_workers
 
 
 def env(rank: int, world_size: int) -> DistEnv:

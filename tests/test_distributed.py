@@ -2,11 +2,21 @@
 import os
 
 import pytest
+from helpers import (
+    MINGPT,
+    WORKER_SCRIPTS,
+    assert_ok,
+    losses,
+    make_text,
+    run_main,
+    run_probe,
+    serving,
+    tiny_overrides,
+)
+from workers.fault_injection import INJECTED_ERROR
 
-from char_dataset import DataConfig, prepare_corpus
-from fault_injection import INJECTED_ERROR
-from helpers import MINGPT, REPO, assert_ok, losses, make_text, run_main, run_probe, serving, tiny_overrides
-from metrics import default_metrics_path, read_metrics
+from mingpt.char_dataset import DataConfig, prepare_corpus
+from mingpt.reporting.metrics import default_metrics_path, read_metrics
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +96,7 @@ def test_an_error_on_one_rank_alone_is_reported_by_that_rank(text_file, tmp_path
     """Local rank 1 stays quiet about errors every rank shares, but not about one of its own."""
     env = dict(os.environ, FAULT="error:3", FAULT_RANK="1", OMP_NUM_THREADS="1")
     result = run_main(tiny_overrides(text_file, tmp_path / "snap.pt"), nproc=2, env=env,
-                      script=REPO / "tests" / "fault_injection.py")
+                      script=WORKER_SCRIPTS / "fault_injection.py")
     assert result.returncode != 0
     assert result.stderr.count(f"error: [rank 1] {INJECTED_ERROR}") == 1
 

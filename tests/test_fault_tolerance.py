@@ -11,11 +11,23 @@ from typing import Optional
 
 import pytest
 import torch
-
-from control import INTERRUPT_EXIT_STATUS, STOP_EXIT_STATUS
-from helpers import (MAIN, MINGPT, REPO, TORCHRUN, assert_ok, final_state, run, run_with_restarts, sha256,
-                     signal_every_process, start_until, tiny_overrides)
+from helpers import (
+    MAIN,
+    MINGPT,
+    TORCHRUN,
+    WORKER_SCRIPTS,
+    assert_ok,
+    final_state,
+    run,
+    run_with_restarts,
+    sha256,
+    signal_every_process,
+    start_until,
+    tiny_overrides,
+)
 from state_equality import assert_same_state
+
+from mingpt.distributed.control import INTERRUPT_EXIT_STATUS, STOP_EXIT_STATUS
 
 STEPS_PER_EPOCH = 85  # 5,385 train samples / (32 per rank x 2 ranks)
 
@@ -57,7 +69,7 @@ def newest_state(snapshot):
     """final_state of a single-file snapshot, or of the newest sharded one in a folder."""
     if snapshot.suffix == ".pt":
         return final_state(snapshot)
-    from sharded_snapshot import to_single_file
+    from mingpt.storage.sharded_store import to_single_file
 
     newest = sorted(snapshot.glob("sharded_*"))[-1]
     to_single_file(str(newest), str(snapshot.parent / "converted.pt"))
@@ -66,8 +78,7 @@ def newest_state(snapshot):
 
 HANG_MID_SAVE = """
 import sys, time, torch
-sys.path.insert(0, {mingpt!r})
-import snapshot as s
+from mingpt.storage import snapshot as s
 def half_then_hang(obj, f):
     f.write(b"PK" + bytes(1 << 20))
     f.flush()
@@ -80,7 +91,7 @@ s.write_snapshot(s.Snapshot(step=2), {path!r})
 
 def kill_mid_save(path: str, env=None) -> None:
     """Start saving a snapshot to path in a child process and SIGKILL it half-way."""
-    code = HANG_MID_SAVE.format(mingpt=str(REPO / "mingpt"), path=path)
+    code = HANG_MID_SAVE.format(path=path)
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                              env=env)
     assert child.stdout.readline().strip() == "writing"
@@ -90,7 +101,7 @@ def kill_mid_save(path: str, env=None) -> None:
 
 
 def test_a_local_save_killed_half_way_keeps_the_previous_snapshot(tmp_path):
-    from snapshot import Snapshot, read_snapshot, write_snapshot
+    from mingpt.storage.snapshot import Snapshot, read_snapshot, write_snapshot
 
     path = tmp_path / "snap.pt"
     write_snapshot(Snapshot(step=1), str(path))
@@ -164,7 +175,7 @@ def test_a_second_ctrl_c_quits_at_once_and_keeps_the_last_snapshot(text_file, tm
     """The second Ctrl-C lands while the stop's own snapshot is being written (paused half-way)."""
     snapshot = tmp_path / "snap.pt"
     overrides = tiny_overrides(text_file, snapshot, trainer_config__save_every_steps=20, **WORKERS)
-    process, seen = start_until([sys.executable, REPO / "tests" / "fault_injection.py", *overrides],
+    process, seen = start_until([sys.executable, WORKER_SCRIPTS / "fault_injection.py", *overrides],
                                 "| Iter 40 |", env={"FAULT": "slow_write:41", "FAULT_RANK": "0"})
     before = sha256(snapshot)  # step 40's
     signal_every_process(process, signal.SIGINT)
@@ -230,7 +241,7 @@ def test_a_mid_epoch_snapshot_resumed_at_another_world_size_trains_each_sample_o
     """2 ranks stop mid-epoch (a step budget); 1 rank finishes the epoch from that sample on."""
     snapshot, record = tmp_path / "snap.pt", tmp_path / "samples"
     record.mkdir()
-    entry = REPO / "tests" / "fault_injection.py"
+    entry = WORKER_SCRIPTS / "fault_injection.py"
     first = run([*TORCHRUN, "--standalone", "--nproc_per_node=2", entry,
                  *tiny_overrides(text_file, snapshot, trainer_config__max_steps=30)],
                 env={"RECORD_SAMPLES": str(record)})

@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-import flops
+from mingpt.reporting import flops
 
 
 def test_best_seconds_keeps_the_fastest_call_after_two_untimed_ones():

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 import torch
-
-import generate
 from helpers import MINGPT, REPO, assert_ok, run, run_main, tiny_overrides
+
+from mingpt import generate
 
 PROMPT = "The king"
 

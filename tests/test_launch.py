@@ -3,10 +3,10 @@ import sys
 
 import pytest
 import torch
-
-import launch
 from helpers import MINGPT, run, start_until, tiny_overrides
 from test_distributed import check_two_rank_run
+
+from mingpt import launch
 
 
 @pytest.mark.parametrize("gpus, flags, workers", [
@@ -40,9 +40,11 @@ def test_launch_reports_failed_workers(text_file, tmp_path):
     assert "error: training failed on rank" in result.stderr
 
 
-def test_bad_nproc_is_refused():
-    with pytest.raises(SystemExit):
+def test_bad_nproc_is_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit) as stop:
         launch.main(["--nproc", "0"])
+    assert stop.value.code == 1
+    assert capsys.readouterr().err == "error: --nproc must be at least 1 (see --help)\n"
 
 
 def test_ranks_that_die_of_the_stop_signal_make_launch_say_no_snapshot_was_written(text_file, tmp_path):

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import MINGPT, REPO, RunsCode, assert_ok, losses, run_main, sha256, tiny_overrides
 
 
@@ -181,7 +180,8 @@ SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2d
 
 
 def fresh_clone(tmp_path) -> Path:
-    """What a fresh clone holds: the files git tracks here, as they are now."""
+    """What a fresh clone holds: the files git tracks here, as they are now. Its commands must import
+    its own package (PYTHONPATH=root), not the one installed from this checkout."""
     root = tmp_path / "clone"
     listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
     for name in filter(None, listed.decode().split("\0")):
@@ -208,7 +208,8 @@ def test_a_fresh_clone_trains_on_the_committed_corpus_with_no_network(tmp_path):
     assert sha256(root / "data" / "input.txt") == SHAKESPEARE_SHA256  # tracked, and tiny-shakespeare
     command = [*offline(), sys.executable, "mingpt/main.py", "trainer_config.batch_size=4"]
     process = subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"),
+                               env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+                                        PYTHONPATH=str(root)),
                                start_new_session=True)
     seen = []
     for line in process.stdout:

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from errors import ConfigError
-from memory import MemoryPlan, check_fits, state_bytes_per_rank
-from model import GPT, GPTConfig
+from mingpt.distributed.memory import MemoryPlan, check_fits, state_bytes_per_rank
+from mingpt.model import GPT, GPTConfig
+from mingpt.reporting.errors import ConfigError
 
 MACHINE = 24 * 2**30
 

@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from metrics import MetricsLog, default_metrics_path, read_metrics
+from mingpt.reporting.metrics import MetricsLog, default_metrics_path, read_metrics
 
 
 def test_default_path_is_beside_the_snapshot():

@@ -3,11 +3,9 @@ import math
 import pytest
 import torch
 import torch.nn as nn
-
-from errors import ConfigError
 import torch.nn.functional as F
 
-from model import (
+from mingpt.model import (
     GPT,
     PRESETS,
     GPTConfig,
@@ -20,6 +18,7 @@ from model import (
     parameter_groups,
     parameter_seed,
 )
+from mingpt.reporting.errors import ConfigError
 
 
 def tiny_gpt(**overrides) -> GPT:

@@ -1,5 +1,5 @@
-from model import PRESETS
-from model_size import measure, table
+from mingpt.model import PRESETS
+from mingpt.model_size import measure, table
 
 
 def test_default_model_size_matches_the_original():

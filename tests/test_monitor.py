@@ -1,8 +1,8 @@
 import torch
 
-import monitor
-from logger import configure_logging
-from monitor import TrainingMonitor, format_eta
+from mingpt.reporting import monitor
+from mingpt.reporting.logger import configure_logging
+from mingpt.reporting.monitor import TrainingMonitor, format_eta
 
 
 def test_eta_format():

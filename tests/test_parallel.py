@@ -8,17 +8,26 @@ import sys
 
 import pytest
 import torch
-from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-from helpers import (REPO, TORCHRUN, assert_ok, final_state, run, run_main, run_probe, run_with_restarts,
-                     tiny_overrides)
-from errors import ConfigError
-from init_probe import FULL_STATE, PLACEMENTS, SEED, TINY, placed
-from metrics import default_metrics_path, read_metrics
-from model import GPT
-from parallel import HostBuffers, check_nodes_for_hsdp
-from process_group import DistEnv
+from helpers import (
+    TORCHRUN,
+    WORKER_SCRIPTS,
+    assert_ok,
+    final_state,
+    run,
+    run_main,
+    run_probe,
+    run_with_restarts,
+    tiny_overrides,
+)
 from state_equality import assert_same_state
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
+from workers.init_probe import FULL_STATE, PLACEMENTS, SEED, TINY, placed
+
+from mingpt.distributed.parallel import HostBuffers, check_nodes_for_hsdp
+from mingpt.distributed.process_group import DistEnv
+from mingpt.model import GPT
+from mingpt.reporting.errors import ConfigError
+from mingpt.reporting.metrics import default_metrics_path, read_metrics
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +169,7 @@ def test_cpu_offload_resumes_and_trains_as_without_it(runs, text_file, tmp_path)
     assert step_losses(snapshot, epoch=2) == pytest.approx(step_losses(runs["fsdp2"], epoch=2), rel=1e-3)
 
 
-FP16_PROBE = REPO / "tests" / "fsdp_fp16_probe.py"
+FP16_PROBE = WORKER_SCRIPTS / "fsdp_fp16_probe.py"
 
 
 def fp16_run(launcher: list, method: str, snapshots) -> tuple[str, float, float, float]:
@@ -185,9 +194,9 @@ def test_fsdp_fp16_trains_with_the_sharded_grad_scaler_and_ddp_resumes_it(tmp_pa
 
 @pytest.fixture(scope="module")
 def grad_sync(tmp_path_factory):
-    """tests/grad_sync_probe.py on 2 ranks: one step of 32 samples per rank, whole and as 2 x 16."""
+    """tests/workers/grad_sync_probe.py on 2 ranks: one step of 32 samples per rank, whole and as 2 x 16."""
     out = tmp_path_factory.mktemp("grad_sync")
-    probe = REPO / "tests" / "grad_sync_probe.py"
+    probe = WORKER_SCRIPTS / "grad_sync_probe.py"
     assert_ok(run([*TORCHRUN, "--standalone", "--nproc_per_node=2", probe, out]))
     return out
 
@@ -248,9 +257,9 @@ def test_activation_checkpointing_gives_the_same_step_from_fewer_saved_bytes(gra
 
 @pytest.fixture(scope="module")
 def init_probe(tmp_path_factory):
-    """tests/init_probe.py on 2 ranks: meta-built models placed by each method, and a peak."""
+    """tests/workers/init_probe.py on 2 ranks: meta-built models placed by each method, and a peak."""
     out = tmp_path_factory.mktemp("init_probe")
-    assert_ok(run([*TORCHRUN, "--standalone", "--nproc_per_node=2", REPO / "tests" / "init_probe.py", out]))
+    assert_ok(run([*TORCHRUN, "--standalone", "--nproc_per_node=2", WORKER_SCRIPTS / "init_probe.py", out]))
     return out
 
 

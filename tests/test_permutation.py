@@ -5,8 +5,7 @@ import sys
 import pytest
 import torch
 
-from helpers import MINGPT
-from permutation import Permutation
+from mingpt.tokens.permutation import Permutation
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 65, 1000, 5385, 100_003])
@@ -47,8 +46,7 @@ def test_a_billion_elements_need_no_list():
 
 
 def test_the_same_order_in_another_process():
-    code = (f"import sys; sys.path.insert(0, {str(MINGPT)!r}); import torch;"
-            "from permutation import Permutation;"
+    code = ("import torch; from mingpt.tokens.permutation import Permutation;"
             "print(Permutation(12345, 99)(torch.arange(0, 12345, 97)).tolist())")
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert eval(other) == Permutation(12345, 99)(torch.arange(0, 12345, 97)).tolist()

@@ -6,10 +6,10 @@ import sys
 
 import pytest
 import torch
-
-import plot_metrics
 from helpers import MINGPT, assert_ok, run
-from metrics import MetricsLog
+
+from mingpt import plot_metrics
+from mingpt.reporting.metrics import MetricsLog
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 BLUE, ORANGE = (0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E)  # matplotlib's tab:blue and tab:orange

@@ -1,18 +1,18 @@
 """Which precision a device trains in, and end-to-end runs in the precisions users actually get: bf16
 autocast (use_amp, the default, on this project's CPUs) and fp16 autocast with a GradScaler (every
-CUDA run's default, forced on the CPU by tests/amp_probe.py)."""
+CUDA run's default, forced on the CPU by tests/workers/amp_probe.py)."""
 import shutil
 
 import pytest
 import torch
-
-import precision
-from helpers import MAIN, REPO, assert_ok, run_main, tiny_overrides
-from logger import configure_logging
-from metrics import default_metrics_path, read_metrics
-from parallel import unwrap
-from precision import Precision, resolve_precision
+from helpers import MAIN, WORKER_SCRIPTS, assert_ok, run_main, tiny_overrides
 from state_equality import assert_same_state
+
+from mingpt.distributed import precision
+from mingpt.distributed.parallel import unwrap
+from mingpt.distributed.precision import Precision, resolve_precision
+from mingpt.reporting.logger import configure_logging
+from mingpt.reporting.metrics import default_metrics_path, read_metrics
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")  # only described, never used: nothing here touches a GPU
@@ -86,7 +86,7 @@ def test_fp32_on_cuda_allows_tf32_and_says_so():
 
 # End to end, through main.py: 1 process, and 2 under torchrun (DDP).
 
-AMP_PROBE = REPO / "tests" / "amp_probe.py"
+AMP_PROBE = WORKER_SCRIPTS / "amp_probe.py"
 INITIAL_SCALE = 2.0**16  # GradScaler's
 
 needs_native_bf16 = pytest.mark.skipif(
@@ -166,11 +166,12 @@ def test_fp16_with_a_grad_scaler_trains_and_resumes_bitwise(text_file, tmp_path,
 
 def small_trainer(tmp_path, monkeypatch, force_fp16=False):
     """A Trainer of a tiny model without dropout in a world of one, and a batch of 8 for it."""
-    import trainer as trainer_module
-    from char_dataset import CharDataset
     from helpers import make_text
-    from model import GPT, GPTConfig, OptimizerConfig
-    from process_group import DistEnv
+
+    from mingpt import trainer as trainer_module
+    from mingpt.char_dataset import CharDataset
+    from mingpt.distributed.process_group import DistEnv
+    from mingpt.model import GPT, GPTConfig, OptimizerConfig
 
     if force_fp16:
         monkeypatch.setattr(trainer_module, "resolve_precision",

@@ -11,11 +11,19 @@ from pathlib import Path
 import fsspec
 import numpy as np
 import pytest
-
-import prepare_data
-from errors import DataError
 from helpers import MINGPT, REPO, make_text, run
-from prepare_data import encode_text, id_dtype, open_token_file, prepare, read_header, token_file_for
+
+from mingpt.reporting.errors import DataError
+from mingpt.storage.files import CACHE_DIR_ENV
+from mingpt.tokens import token_file
+from mingpt.tokens.token_file import (
+    encode_text,
+    id_dtype,
+    open_token_file,
+    prepare,
+    read_header,
+    token_file_for,
+)
 
 MIXED = "naïve café — ünïcödé ✓ 𝄞 ж中文\n"
 """Characters of 1, 2, 3 and 4 UTF-8 bytes."""
@@ -42,7 +50,7 @@ def touch_later(path: Path) -> None:
 
 
 def test_streaming_equals_in_memory_encoding_across_chunk_boundaries(tmp_path, monkeypatch):
-    monkeypatch.setattr(prepare_data, "CHUNK_BYTES", 7)  # odd: multi-byte characters straddle chunks
+    monkeypatch.setattr(token_file, "CHUNK_BYTES", 7)  # odd: multi-byte characters straddle chunks
     text = MIXED * 40 + make_text(300)
     source = write(tmp_path / "input.txt", text)
     path, built = prepare(source)
@@ -57,7 +65,7 @@ def test_ids_are_a_read_only_mapping_of_aligned_data(tmp_path):
     path, _ = prepare(source)
     tokens = open_token_file(path)
     assert isinstance(tokens.ids, np.memmap) and tokens.ids.ndim == 1 and tokens.n_tokens == 1000
-    assert read_header(path)["data_offset"] % prepare_data.ALIGN == 0
+    assert read_header(path)["data_offset"] % token_file.ALIGN == 0
     with pytest.raises(ValueError):
         tokens.ids[0] = 1
 
@@ -68,7 +76,7 @@ def test_id_type_is_the_narrowest_that_holds_the_vocabulary():
 
 
 def test_wide_vocabulary_takes_uint16_ids_and_round_trips(tmp_path, monkeypatch):
-    monkeypatch.setattr(prepare_data, "CHUNK_BYTES", 1000)
+    monkeypatch.setattr(token_file, "CHUNK_BYTES", 1000)
     cjk = "".join(chr(0x4E00 + i) for i in range(400))
     text = (cjk + "\n" + make_text(200)) * 3
     path, _ = prepare(write(tmp_path / "cjk.txt", text))
@@ -137,28 +145,28 @@ def test_missing_token_file_says_to_prepare(tmp_path):
 
 
 def slowed_preparation(chunk_bytes: int, pause_s: float) -> str:
-    """The start of a child script whose prepare_data writes chunk_bytes at a time, pausing after each."""
+    """The start of a child script whose token_file writes chunk_bytes at a time, pausing after each."""
     return f"""
-import json, os, sys, time, prepare_data
-prepare_data.CHUNK_BYTES = {chunk_bytes}
-write = prepare_data.write_ids
+import json, os, sys, time
+from mingpt.tokens import token_file
+token_file.CHUNK_BYTES = {chunk_bytes}
+write = token_file.write_ids
 def slow(chunks):
     for ids in chunks:
         time.sleep({pause_s})
         yield ids
-prepare_data.write_ids = lambda out, chunks: write(out, slow(chunks))
+token_file.write_ids = lambda out, chunks: write(out, slow(chunks))
 """
 
 
 KILLABLE = slowed_preparation(64, 0.01) + """
-prepare_data.prepare(sys.argv[1])
+token_file.prepare(sys.argv[1])
 """
 
 
 def start_slow_preparation(source: str) -> subprocess.Popen:
     """A preparation whose writing takes several seconds (64-byte chunks, 10 ms each)."""
-    env = dict(os.environ, PYTHONPATH=str(MINGPT))
-    return subprocess.Popen([sys.executable, "-c", KILLABLE, source], env=env, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-c", KILLABLE, source], stdout=subprocess.PIPE,
                             text=True)
 
 
@@ -191,7 +199,7 @@ source, ready, go = sys.argv[1:]
 open(ready, "w").close()
 while not os.path.exists(go):
     time.sleep(0.005)
-path, built = prepare_data.prepare(source)
+path, built = token_file.prepare(source)
 print(json.dumps([str(path), built]), flush=True)
 """
 
@@ -200,9 +208,8 @@ def test_concurrent_preparations_build_once(tmp_path):
     text = make_text(60000)
     source = write(tmp_path / "input.txt", text)
     go = tmp_path / "go"
-    env = dict(os.environ, PYTHONPATH=str(MINGPT))
     children = [subprocess.Popen([sys.executable, "-c", CONCURRENT, source, tmp_path / f"ready{i}", go],
-                                 env=env, stdout=subprocess.PIPE, text=True) for i in range(2)]
+                                 stdout=subprocess.PIPE, text=True) for i in range(2)]
     wait_for(lambda: all((tmp_path / f"ready{i}").exists() for i in range(2)))
     go.touch()  # both start preparing at the same moment
     results = [json.loads(child.communicate(timeout=60)[0]) for child in children]
@@ -218,7 +225,7 @@ def test_concurrent_preparations_build_once(tmp_path):
     (b"", r"is empty"),
 ])
 def test_unusable_text_names_the_config_key(tmp_path, monkeypatch, content, problem):
-    monkeypatch.setattr(prepare_data, "CHUNK_BYTES", 4)  # the byte counts hold across chunks
+    monkeypatch.setattr(token_file, "CHUNK_BYTES", 4)  # the byte counts hold across chunks
     source = tmp_path / "bad.txt"
     source.write_bytes(content)
     with pytest.raises(DataError, match=f"^data_config.path: {re.escape(str(source))} {problem}") as info:
@@ -243,7 +250,7 @@ def test_full_disk_is_a_data_error_and_leaves_nothing(tmp_path, monkeypatch):
     def disk_full(out, chunks):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(prepare_data, "write_ids", disk_full)
+    monkeypatch.setattr(token_file, "write_ids", disk_full)
     source = write(tmp_path / "input.txt", "some text\n")
     with pytest.raises(DataError, match="^cannot write the token file .*No space left on device"):
         prepare(source)
@@ -270,7 +277,7 @@ def test_url_source_is_cached_in_the_cache_folder(tmp_path):
 
 
 def test_cache_folder_comes_from_the_environment(tmp_path, monkeypatch):
-    monkeypatch.setenv(prepare_data.CACHE_DIR_ENV, str(tmp_path / "env-cache"))
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "env-cache"))
     assert token_file_for("s3://bucket/data/input.txt").parent == tmp_path / "env-cache"
     assert token_file_for("s3://bucket/other/input.txt") != token_file_for("s3://bucket/data/input.txt")
     assert token_file_for("s3://b/x.txt", str(tmp_path / "given")).parent == tmp_path / "given"
@@ -282,7 +289,7 @@ def test_read_only_folder_sends_a_local_source_to_the_cache(tmp_path, monkeypatc
     folder.mkdir()
     source = write(folder / "input.txt", "read only\n")
     # chmod would not stop root, who runs these tests in some places
-    monkeypatch.setattr(prepare_data, "folder_is_writable", lambda f: Path(f) != folder)
+    monkeypatch.setattr(token_file, "folder_is_writable", lambda f: Path(f) != folder)
     path, _ = prepare(source, cache_dir=str(tmp_path / "cache"))
     assert path.parent == tmp_path / "cache" and re.fullmatch(r"input\.txt-[0-9a-f]{16}\.tokens", path.name)
     assert_matches(path, "read only\n")

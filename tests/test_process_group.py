@@ -3,8 +3,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import process_group
-from errors import MinGPTError
+from mingpt.distributed import process_group
+from mingpt.reporting.errors import MinGPTError
 
 
 def test_cuda_ranks_get_a_cpu_backend_beside_nccl():

@@ -10,8 +10,7 @@ import sys
 import fsspec
 import pytest
 import torch
-
-from helpers import MINGPT, assert_ok, run_main, tiny_overrides
+from helpers import assert_ok, run_main, tiny_overrides
 from test_main import one_error_line
 
 PART = 5 * 2**20
@@ -19,8 +18,7 @@ PART = 5 * 2**20
 
 SAVE_PAST_ONE_PART = """
 import sys, time, torch
-sys.path.insert(0, {mingpt!r})
-import snapshot as s
+from mingpt.storage import snapshot as s
 def one_part_then_hang(obj, f):
     f.write(b"PK" + bytes({part}))  # past the block size: s3fs uploads a part before returning
     print("part uploaded", flush=True)
@@ -90,13 +88,13 @@ def test_an_upload_stopped_half_way_keeps_the_previous_snapshot(s3, s3_fs, stop)
     guards the old snapshot against being removed early. SIGINT (Ctrl-C) raises KeyboardInterrupt,
     and leaving the `with` block closes the file, which completes the upload with what was written
     so far: only the temporary name keeps that partial object off the snapshot's key."""
-    from snapshot import Snapshot, read_snapshot, write_snapshot
+    from mingpt.storage.snapshot import Snapshot, read_snapshot, write_snapshot
 
     prefix = f"stopped-{stop.name}/"
     url = f"s3://{s3.bucket}/{prefix}snap.pt"
     write_snapshot(Snapshot(step=1), url)
     before = s3_fs.cat_file(url)
-    code = SAVE_PAST_ONE_PART.format(mingpt=str(MINGPT), part=PART, path=url)
+    code = SAVE_PAST_ONE_PART.format(part=PART, path=url)
     env = {**os.environ, **s3.env(), "FSSPEC_S3": json.dumps({"default_block_size": PART})}
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
     try:

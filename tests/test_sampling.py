@@ -5,9 +5,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from model import GPT, GPTConfig
-from sampling import keep_top_k, sample
-
+from mingpt.generate import keep_top_k, sample
+from mingpt.model import GPT, GPTConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -1,6 +1,6 @@
 """Sharded snapshots: each rank writes its shard (torch.distributed.checkpoint); real 2-process runs.
 
-The runs go through tests/full_state_probe.py, which writes the full state (gathered from every
+The runs go through tests/workers/full_state_probe.py, which writes the full state (gathered from every
 rank) when a snapshot is saved and when one is restored: what was restored is compared, bitwise,
 with what was saved.
 """
@@ -13,21 +13,21 @@ from dataclasses import replace
 
 import pytest
 import torch
-
-from helpers import MINGPT, REPO, RunsCode, assert_ok, run_main, sha256, tiny_overrides
-from snapshot import read_snapshot
+from helpers import MINGPT, WORKER_SCRIPTS, RunsCode, assert_ok, run_main, sha256, tiny_overrides
 from state_equality import assert_same_state
 from test_main import one_error_line
 from test_parallel import train as train_single_file
 
+from mingpt.storage.snapshot import read_snapshot
+
 SHARDED = {"trainer_config__snapshot_format": "sharded"}
-FULL_STATE_PROBE = REPO / "tests" / "full_state_probe.py"
+FULL_STATE_PROBE = WORKER_SCRIPTS / "full_state_probe.py"
 SAVED_STEP = 85  # one epoch of the tiny run on 2 ranks
 
 
 def train(text_file, folder, method, full_state, epochs=1, nproc=2):
     """main.py with sharded snapshots in folder; the full state at each save and resume lands in
-    full_state (see tests/full_state_probe.py)."""
+    full_state (see tests/workers/full_state_probe.py)."""
     full_state.mkdir(exist_ok=True)
     overrides = tiny_overrides(text_file, folder, trainer_config__distributed_method=method,
                                trainer_config__max_epochs=epochs, **SHARDED)
@@ -96,7 +96,7 @@ def test_an_interrupted_save_is_never_resumed_from(sharded_run, saved, text_file
 def test_converts_to_a_single_file_of_the_saved_values_that_resumes(sharded_run, saved, text_file, tmp_path):
     single = tmp_path / "converted.pt"
     newest = sharded_run / "sharded_000000085"
-    converted = subprocess.run([sys.executable, MINGPT / "sharded_snapshot.py", newest, single],
+    converted = subprocess.run([sys.executable, MINGPT / "convert_snapshot.py", newest, single],
                                capture_output=True, text=True)
     assert converted.returncode == 0, converted.stderr
     snapshot = read_snapshot(str(single))
@@ -123,9 +123,9 @@ def test_a_second_save_at_the_same_step_rewrites_info_only(world_of_one, tmp_pat
     """The epoch's snapshot right after a step snapshot of the same step: the shards are already
     there, so only info.pt is written again. Rewriting them in place would leave, if the process were
     killed meanwhile, half-written shards in a folder whose info.pt marks it complete."""
-    import sharded_snapshot
-    from model import GPT, GPTConfig
-    from snapshot import Snapshot
+    from mingpt.model import GPT, GPTConfig
+    from mingpt.storage import sharded_store as sharded_snapshot
+    from mingpt.storage.snapshot import Snapshot
 
     config = GPTConfig(n_layer=1, n_head=1, n_embd=8, vocab_size=4, block_size=4)
     model = GPT(config)

@@ -5,10 +5,11 @@ from dataclasses import asdict
 
 import pytest
 import torch
-
-from errors import SnapshotError
 from helpers import RunsCode, sha256
-from snapshot import Snapshot, SnapshotStore, read_snapshot, write_snapshot
+
+from mingpt.reporting.errors import SnapshotError
+from mingpt.storage.snapshot import Snapshot, newest_snapshot, read_snapshot, write_snapshot
+from mingpt.storage.store import FullStateStore
 
 
 def snapshot(epoch: int = 1, n_layer: int = 2, step: int = 10) -> Snapshot:
@@ -103,25 +104,25 @@ def model_and_optimizer(world_of_one):
 
 
 def test_folder_store_keeps_the_newest_and_resumes_from_the_newest(tmp_path, model_and_optimizer):
-    store = SnapshotStore(str(tmp_path / "run"), keep_last=2)
-    assert store.is_folder and store.read_latest() == (None, None)
+    store = FullStateStore(str(tmp_path / "run"), keep_last=2)
+    assert store.is_folder and newest_snapshot(store.path) == (None, None)
     for step in (5, 10, 15):
         store.save(*model_and_optimizer, snapshot(step=step), is_main=True)
     (tmp_path / "run" / "snapshot_000000020.pt.tmp-1234abcd").write_bytes(b"an interrupted save")
     assert sorted(p.name for p in (tmp_path / "run").glob("*.pt")) == ["snapshot_000000010.pt",
                                                                         "snapshot_000000015.pt"]
-    latest, path = store.read_latest()
+    latest, path = newest_snapshot(store.path)
     assert latest.step == 15 and path.endswith("snapshot_000000015.pt")
     assert set(latest.model_state) == {"weight", "bias"}
 
 
 def test_file_store_replaces_its_one_file_and_only_rank_zero_writes(tmp_path, model_and_optimizer):
-    store = SnapshotStore(str(tmp_path / "snap.pt"))
+    store = FullStateStore(str(tmp_path / "snap.pt"))
     store.save(*model_and_optimizer, snapshot(step=1), is_main=False)
     assert os.listdir(tmp_path) == []
     store.save(*model_and_optimizer, snapshot(step=1), is_main=True)
     store.save(*model_and_optimizer, snapshot(step=2), is_main=True)
-    assert os.listdir(tmp_path) == ["snap.pt"] and store.read_latest()[0].step == 2
+    assert os.listdir(tmp_path) == ["snap.pt"] and newest_snapshot(store.path)[0].step == 2
 
 
 def stepped(model: torch.nn.Module, optimizer: torch.optim.Optimizer):
@@ -142,7 +143,7 @@ def stepped(model: torch.nn.Module, optimizer: torch.optim.Optimizer):
 def test_tensors_that_do_not_fit_the_model_are_refused_untouched(tmp_path, model_and_optimizer, alter,
                                                                  reason):
     model, optimizer = stepped(*model_and_optimizer)
-    store = SnapshotStore(str(tmp_path / "snap.pt"))
+    store = FullStateStore(str(tmp_path / "snap.pt"))
     saved = snapshot()
     store.save(model, optimizer, saved, is_main=True)
     assert store.restore(model, optimizer, saved.model_config, saved.vocab)[0].step == saved.step  # fits
@@ -177,4 +178,4 @@ def test_a_snapshot_folder_that_vanishes_while_listed_holds_no_snapshots():
             return True  # asked while the probe object was there; listed once it had gone
 
     register_implementation("probed", ProbedFolder, clobber=True)
-    assert SnapshotStore("probed://bucket/run/", keep_last=2).read_latest() == (None, None)
+    assert newest_snapshot("probed://bucket/run/") == (None, None)

@@ -4,11 +4,11 @@ import re
 
 import pytest
 import torch
-
-from errors import ConfigError
 from helpers import assert_ok, run_main, tiny_overrides
-from metrics import default_metrics_path, read_metrics
-from trainer import TrainerConfig
+
+from mingpt.reporting.errors import ConfigError
+from mingpt.reporting.metrics import default_metrics_path, read_metrics
+from mingpt.trainer import TrainerConfig
 
 NO_DROPOUT = {"gpt_config__embd_pdrop": 0.0, "gpt_config__resid_pdrop": 0.0, "gpt_config__attn_pdrop": 0.0}
 
@@ -51,15 +51,15 @@ def test_compiled_model_trains_and_snapshots_plain_names(text_file, tmp_path):
 def test_mfu_is_held_against_the_peak_of_the_precision_in_use(monkeypatch, tmp_path, world_of_one,
                                                               one_torch_thread, use_amp, peak):
     """bf16 work held against the fp32 matmul peak read as MFU over 100% on CPUs with fast bf16."""
-    import flops
-    import precision
-    from char_dataset import CharDataset
-    from helpers import make_text
-    from model import GPT, GPTConfig, OptimizerConfig
-    from process_group import DistEnv
-    from trainer import Trainer, TrainerConfig
-
     import torch
+    from helpers import make_text
+
+    from mingpt.char_dataset import CharDataset
+    from mingpt.distributed import precision
+    from mingpt.distributed.process_group import DistEnv
+    from mingpt.model import GPT, GPTConfig, OptimizerConfig
+    from mingpt.reporting import flops
+    from mingpt.trainer import Trainer, TrainerConfig
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
     monkeypatch.setenv("MINGPT_CACHE_DIR", str(tmp_path))  # measured here, not read from this machine's cache

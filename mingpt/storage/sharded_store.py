@@ -11,18 +11,16 @@ accepts only DCP's own metadata classes and refuses any entry that is not a tens
 
 Convert to the single-file format (no process group needed):
 
-    python mingpt/sharded_snapshot.py SHARDED_FOLDER OUT.pt
+    python mingpt/convert_snapshot.py SHARDED_FOLDER OUT.pt
 """
 import contextlib
 import io
 import logging
 import pickle
 import re
-import sys
 from dataclasses import replace
 from typing import Any, Callable, Optional
 
-import fsspec
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -30,7 +28,6 @@ import torch.nn as nn
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
-from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -38,12 +35,13 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
     set_model_state_dict,
 )
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-from errors import MinGPTError, OneLineArgumentParser, SnapshotError
-from parallel import restore_optimizer_state
-from process_group import barrier
-from snapshot import Snapshot, list_entries, read_snapshot, write_snapshot
-from storage import short_reason
+from mingpt.distributed.parallel import restore_optimizer_state
+from mingpt.distributed.process_group import barrier
+from mingpt.reporting.errors import MinGPTError, SnapshotError, short_reason
+from mingpt.storage import files
+from mingpt.storage.snapshot import Snapshot, list_entries, read_snapshot, write_error, write_snapshot
 
 DCP_ERRORS = (Exception, CheckpointException)  # DCP gathers ranks' errors into a BaseException
 _ENTRY = re.compile(r"sharded_(\d+)$")
@@ -112,8 +110,7 @@ def _write_errors_reported(target: str):
     except MinGPTError:
         raise
     except DCP_ERRORS as e:
-        raise SnapshotError(f"could not write sharded snapshot {target} ({_reason(e)}); check "
-                            "trainer_config.snapshot_path, its credentials and free space") from None
+        raise write_error(target, e, _reason) from None
 
 
 def _sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, list]:
@@ -125,7 +122,7 @@ def _sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[
 
 
 class ShardedSnapshotStore:
-    """A folder of sharded snapshots; the interface matches snapshot.SnapshotStore."""
+    """A folder of sharded snapshots (`snapshot_format=sharded`): a store.SnapshotStore."""
 
     def __init__(self, path: str, keep_last: int, process_group: Optional[dist.ProcessGroup] = None):
         self.path = path.rstrip("/")
@@ -173,9 +170,7 @@ class ShardedSnapshotStore:
             return
         with _write_errors_reported(target):
             write_snapshot(info, f"{target}/{_INFO}")
-            for old in self._entries()[: -self.keep_last]:
-                fs, old_path = fsspec.core.url_to_fs(old)
-                fs.rm(old_path, recursive=True)
+            files.keep_newest(self._entries(), self.keep_last)
 
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, model_config: dict,
                 vocab: list[str]) -> tuple[Optional[Snapshot], Optional[str]]:
@@ -201,7 +196,7 @@ class ShardedSnapshotStore:
 
     def _entries(self) -> list[str]:
         """Complete snapshot folders (those with info.pt), oldest first."""
-        return list_entries(self.path, _ENTRY, complete=lambda fs, name: fs.exists(f"{name}/{_INFO}"))
+        return list_entries(self.path, _ENTRY, complete=lambda url: files.exists(f"{url}/{_INFO}"))
 
 
 def to_single_file(sharded_folder: str, out_path: str) -> None:
@@ -219,22 +214,3 @@ def to_single_file(sharded_folder: str, out_path: str) -> None:
         raise SnapshotError(f"sharded snapshot {sharded_folder} cannot be loaded ({_reason(e)})") from None
     optimizer_state = {"state": state["optimizer"], **info.optimizer_state}
     write_snapshot(replace(info, model_state=state["model"], optimizer_state=optimizer_state), out_path)
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = OneLineArgumentParser(description="Convert a sharded snapshot folder to one .pt file.")
-    parser.add_argument("sharded_folder", help="a sharded_<step> folder (local or fsspec URL)")
-    parser.add_argument("out_path", help="the single-file snapshot to write (local or fsspec URL)")
-    try:
-        args = parser.parse_args(argv)
-        to_single_file(args.sharded_folder, args.out_path)
-    except MinGPTError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    print(f"wrote {args.out_path}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-

@@ -16,8 +16,8 @@ from typing import Optional
 
 import torch
 
-from errors import ConfigError
-from process_group import DistEnv, all_gather_objects
+from mingpt.distributed.process_group import DistEnv, all_gather_objects
+from mingpt.reporting.errors import ConfigError
 
 ADAMW_COPIES = 4
 """Parameters, gradients, exp_avg and exp_avg_sq."""

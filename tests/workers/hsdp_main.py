@@ -1,6 +1,6 @@
 """Entry for the HSDP test (tests/test_cluster.py): mingpt/main.py under torchrun, with instruments.
 
-    ALSO_SHARDED=FOLDER [SHARDS_DIR=DIR] torchrun ... tests/hsdp_main.py [hydra overrides]
+    ALSO_SHARDED=FOLDER [SHARDS_DIR=DIR] torchrun ... tests/workers/hsdp_main.py [hydra overrides]
 
 - ALSO_SHARDED: every snapshot is also written in the sharded format (DCP) into FOLDER, so that one
   run saves a model both ways: gathered into one file, and shard by shard. At the start the newest
@@ -14,7 +14,6 @@
 import os
 import runpy
 import socket
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -22,13 +21,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
-MINGPT = Path(__file__).resolve().parent.parent / "mingpt"
-sys.path.insert(0, str(MINGPT))
+import mingpt
+from mingpt import trainer as trainer_module
+from mingpt.distributed.parallel import local_parameter_bytes
+from mingpt.storage import (
+    checkpointer as checkpointer_module,  # the modules main.py will import, patched below
+)
+from mingpt.storage.sharded_store import ShardedSnapshotStore
 
-import checkpointer as checkpointer_module  # noqa: E402  (the modules main.py will import, patched below)
-import trainer as trainer_module  # noqa: E402
-from parallel import local_parameter_bytes  # noqa: E402
-from sharded_snapshot import ShardedSnapshotStore  # noqa: E402
+MINGPT = Path(mingpt.__file__).parent  # main.py, run below as `python main.py` would be
 
 
 def local(tensor):

@@ -2,7 +2,7 @@
 for each method, with its full initial weights gathered on rank 0; and the peak memory of placing
 a larger one under FSDP.
 
-    torchrun --standalone --nproc_per_node=2 tests/init_probe.py OUT_DIR
+    torchrun --standalone --nproc_per_node=2 tests/workers/init_probe.py OUT_DIR
 
 Rank 0 writes OUT_DIR/<method>.pt (ddp, fsdp, fsdp_offload: the gathered state dict). Each rank
 writes OUT_DIR/peak_rank<N>.json: how far its resident memory rose above where it started while
@@ -14,15 +14,13 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "mingpt"))
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-import torch  # noqa: E402
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: E402
-
-from model import GPT, GPTConfig  # noqa: E402
-from parallel import Parallelism, parallelize  # noqa: E402
-from precision import resolve_precision  # noqa: E402
-from process_group import distributed_session  # noqa: E402
+from mingpt.distributed.parallel import Parallelism, parallelize
+from mingpt.distributed.precision import resolve_precision
+from mingpt.distributed.process_group import distributed_session
+from mingpt.model import GPT, GPTConfig
 
 SEED = 7
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=11, block_size=15)  # odd rows: uneven shards

@@ -1,24 +1,22 @@
 """Run by the tests under torchrun: one training step, an eval pass and a snapshot, with what
 each rank saw written to OUT_DIR/rank{N}.json. METHOD is ddp or fsdp.
 
-    torchrun --standalone --nproc_per_node=2 tests/probe.py METHOD TEXT_FILE OUT_DIR
+    torchrun --standalone --nproc_per_node=2 tests/workers/probe.py METHOD TEXT_FILE OUT_DIR
 """
 import hashlib
 import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "mingpt"))
+import torch
 
-import fsspec  # noqa: E402
-import torch  # noqa: E402
-
-from char_dataset import CharDataset, DataConfig, split_dataset  # noqa: E402
-from logger import configure_logging  # noqa: E402
-from model import GPT, GPTConfig, OptimizerConfig  # noqa: E402
-from parallel import gather_full_state, is_sharded, local_parameter_bytes, unwrap  # noqa: E402
-from process_group import distributed_session  # noqa: E402
-from trainer import Trainer, TrainerConfig  # noqa: E402
+from mingpt.char_dataset import CharDataset, DataConfig, split_dataset
+from mingpt.distributed.parallel import gather_full_state, is_sharded, local_parameter_bytes, unwrap
+from mingpt.distributed.process_group import distributed_session
+from mingpt.model import GPT, GPTConfig, OptimizerConfig
+from mingpt.reporting.logger import configure_logging
+from mingpt.storage import files
+from mingpt.trainer import Trainer, TrainerConfig
 
 SNAPSHOT = "memory://probe/snap.pt"  # each process has its own in-memory filesystem
 
@@ -89,7 +87,7 @@ def main(method: str, text_path: str, out_dir: str) -> None:
             "eval_loss": eval_loss,
             "local_loss_sum": local_sum,
             "local_count": local_count,
-            "wrote_snapshot": fsspec.filesystem("memory").exists(SNAPSHOT.removeprefix("memory://")),
+            "wrote_snapshot": files.exists(SNAPSHOT),
         }
         Path(out_dir, f"rank{env.rank}.json").write_text(json.dumps(facts))
         del trainer, model  # freed before the process group goes (see distributed_session)

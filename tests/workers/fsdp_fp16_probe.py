@@ -9,17 +9,14 @@ folder's newest snapshot when there is one, trains 30 steps and saves. Rank 0 pr
 `FP16 <scaler> <first loss> <last loss> <scale>`.
 """
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "mingpt"))
+import torch
 
-import torch  # noqa: E402
-
-import trainer as trainer_module  # noqa: E402
-from char_dataset import CharDataset  # noqa: E402
-from model import GPT, GPTConfig, OptimizerConfig  # noqa: E402
-from precision import Precision  # noqa: E402
-from process_group import distributed_session  # noqa: E402
+from mingpt import trainer as trainer_module
+from mingpt.char_dataset import CharDataset
+from mingpt.distributed.precision import Precision
+from mingpt.distributed.process_group import distributed_session
+from mingpt.model import GPT, GPTConfig, OptimizerConfig
 
 trainer_module.resolve_precision = lambda use_amp, amp_dtype, device: Precision(device.type, torch.float16)
 

@@ -1,6 +1,6 @@
 """Run by test_parallel.py under torchrun: does gradient accumulation communicate only once a step?
 
-    torchrun --standalone --nproc_per_node=2 tests/grad_sync_probe.py OUT_DIR
+    torchrun --standalone --nproc_per_node=2 tests/workers/grad_sync_probe.py OUT_DIR
 
 For ddp and then fsdp, one optimizer step of Trainer.train_step over a batch of 32 samples per
 rank, taken whole (grad_accum_steps=1) and as 2 micro-batches of 16 (grad_accum_steps=2), from the
@@ -21,20 +21,18 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "mingpt"))
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: E402
-
-import trainer as trainer_module  # noqa: E402
-from char_dataset import CharDataset  # noqa: E402
-from activation_checkpointing import saved_activations  # noqa: E402
-from model import GPT, GPTConfig, OptimizerConfig  # noqa: E402
-import parallel  # noqa: E402
-from parallel import gather_full_state  # noqa: E402
-from process_group import distributed_session  # noqa: E402
-from trainer import Trainer, TrainerConfig  # noqa: E402
+from mingpt import trainer as trainer_module
+from mingpt.char_dataset import CharDataset
+from mingpt.distributed import parallel
+from mingpt.distributed.activation_checkpointing import saved_activations
+from mingpt.distributed.parallel import gather_full_state
+from mingpt.distributed.process_group import distributed_session
+from mingpt.model import GPT, GPTConfig, OptimizerConfig
+from mingpt.trainer import Trainer, TrainerConfig
 
 BATCH = 32
 REDUCING = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single")

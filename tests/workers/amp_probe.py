@@ -1,7 +1,7 @@
 """Entry point for the tests (alone, or under torchrun): mingpt/main.py with fp16 autocast and a
 GradScaler forced on the CPU, which a CPU never chooses (precision.py) but every CUDA run does.
 
-    [SCALER_GROWTH_INTERVAL=N] [torchrun ...] tests/amp_probe.py [hydra overrides]
+    [SCALER_GROWTH_INTERVAL=N] [torchrun ...] tests/workers/amp_probe.py [hydra overrides]
 
 Only the choice is forced: with use_amp=True the run trains as a GPU run with amp_dtype=float16
 would, through the real Trainer, its GradScaler and snapshots. SCALER_GROWTH_INTERVAL=N makes the
@@ -11,15 +11,14 @@ scale halved.
 """
 import os
 import runpy
-import sys
 from pathlib import Path
 
-MINGPT = Path(__file__).resolve().parent.parent / "mingpt"
-sys.path.insert(0, str(MINGPT))
+import torch
 
-import torch  # noqa: E402
+import mingpt
+from mingpt.distributed import precision
 
-import precision  # noqa: E402
+MINGPT = Path(mingpt.__file__).parent  # main.py, run below as `python main.py` would be
 
 resolve_as_configured = precision.resolve_precision
 

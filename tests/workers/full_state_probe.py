@@ -2,23 +2,22 @@
 model and optimizer state, gathered from every rank, right after each snapshot save and right after
 resuming, so that a test can compare what a snapshot restored with what was saved.
 
-    FULL_STATE_DIR=DIR [torchrun ...] tests/full_state_probe.py [hydra overrides]
+    FULL_STATE_DIR=DIR [torchrun ...] tests/workers/full_state_probe.py [hydra overrides]
 
 Rank 0 writes DIR/saved_<step>.pt and DIR/restored_<step>.pt, each {"model": ..., "optimizer": ...}
 as parallel.gather_full_state returns them (parameter names, CPU tensors).
 """
 import os
 import runpy
-import sys
 from pathlib import Path
 
-MINGPT = Path(__file__).resolve().parent.parent / "mingpt"
-sys.path.insert(0, str(MINGPT))
+import torch
 
-import torch  # noqa: E402
+import mingpt
+from mingpt.distributed.parallel import gather_full_state
+from mingpt.trainer import Trainer  # the module main.py will import, patched below
 
-from parallel import gather_full_state  # noqa: E402
-from trainer import Trainer  # noqa: E402  (the module main.py will import, patched below)
+MINGPT = Path(mingpt.__file__).parent  # main.py, run below as `python main.py` would be
 
 
 def write_full_state(trainer: Trainer, kind: str) -> None:

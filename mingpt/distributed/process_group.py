@@ -5,6 +5,7 @@ rendezvous. Without it (`python main.py`) the process is a world of one, with an
 so the rest of the code runs the same collectives either way.
 """
 import gc
+import hashlib
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from errors import MinGPTError
+from mingpt.reporting.errors import MinGPTError
 
 DEFAULT_TIMEOUT_S = 1800.0
 """Collectives wait this long for the slowest rank (NCCL's own default is 10 minutes)."""
@@ -108,18 +109,43 @@ def distributed_session(timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[DistEn
     """Init the process group, and on the way out wait for every rank then tear it down.
 
     On an error the barrier is skipped (the other ranks may never reach it; torchrun stops them),
-    so a failing rank exits at once instead of hanging.
+    so a failing rank exits at once instead of hanging. A user's error (MinGPTError) that another
+    rank has already reported is marked said, so that bad input shared by every rank is said once.
     """
     env = init_distributed(timeout_s)
     try:
         yield env
         dist.barrier()
+    except MinGPTError as error:
+        error.said = not first_to_say(str(error))  # the command's shell says it, or not (errors.py)
+        error.origin = f"[rank {env.rank}] " if env.rank else ""
+        raise
     finally:
         # Free what the session built (FSDP keeps tensors referenced by gloo's pending work) while
         # the process group and the interpreter are alive: freed later, at interpreter shutdown,
         # they can abort the process ("terminate called without an active exception").
         gc.collect()
         dist.destroy_process_group()
+
+
+SAY_TIMEOUT = timedelta(seconds=10)
+"""How long a rank waits for the store before saying its error anyway."""
+
+
+def first_to_say(message: str) -> bool:
+    """Whether this rank is the first of the job to report message. An error every rank hits alike
+    (bad data, a damaged snapshot) is said once, by whichever rank gets here first, and no rank
+    waits for another: the process group's store counts the ranks that reached this point (an atomic
+    add on a key of the message). A rank that cannot reach the store says it: twice beats never."""
+    if dist.get_world_size() == 1:
+        return True
+    key = "mingpt/said/" + hashlib.sha256(message.encode()).hexdigest()[:16]
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set_timeout(SAY_TIMEOUT)
+        return store.add(key, 1) == 1
+    except Exception:  # the store's host is gone (it failed first): nothing to agree with
+        return True
 
 
 def barrier() -> None:

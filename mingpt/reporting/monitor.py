@@ -13,8 +13,8 @@ from typing import Optional
 
 import torch
 
-from flops import model_flops_utilization
-from logger import on_terminal, show_status
+from mingpt.reporting.flops import model_flops_utilization
+from mingpt.reporting.logger import on_terminal, show_status
 
 BAR_WIDTH = 20
 TERMINAL_INTERVAL_S = 1.0

@@ -47,9 +47,9 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from errors import check
-from precision import Precision
-from process_group import DistEnv, all_gather_objects
+from mingpt.distributed.precision import Precision
+from mingpt.distributed.process_group import DistEnv, all_gather_objects
+from mingpt.reporting.errors import check
 
 METHODS = ("ddp", "fsdp", "hsdp")
 SHARDED_METHODS = ("fsdp", "hsdp")

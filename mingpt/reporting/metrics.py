@@ -8,11 +8,9 @@ host-device synchronisation.
 import json
 from typing import Any, Optional
 
-import fsspec
 import torch
-from fsspec.implementations.local import LocalFileSystem
 
-from storage import make_folder
+from mingpt.storage import files
 
 
 def default_metrics_path(snapshot_path: str) -> str:
@@ -38,8 +36,8 @@ class MetricsLog:
         """Keep the lines of the steps a snapshot holds; drop any written after it (or all)."""
         if not self.active:
             return
-        kept = [line for line in self._read() if line["step"] <= resumed_step]
-        self._write("".join(json.dumps(line) + "\n" for line in kept), append=False)
+        kept = "".join(json.dumps(line) + "\n" for line in self._read() if line["step"] <= resumed_step)
+        files.write_atomically(self.path, lambda f: f.write(kept.encode()))
 
     def record(self, kind: str, loss: torch.Tensor, **fields: Any) -> None:
         if self.active:
@@ -51,7 +49,7 @@ class MetricsLog:
         values = torch.stack([line["loss"].float() for line in self._pending]).tolist()  # one sync
         lines = [{**line, "loss": value} for line, value in zip(self._pending, values)]
         self._pending.clear()
-        self._write("".join(json.dumps(line) + "\n" for line in lines), append=True)
+        files.append_text(self.path, "".join(json.dumps(line) + "\n" for line in lines))
         if self._tensorboard is not None:
             self._add_scalars(lines)
 
@@ -70,21 +68,10 @@ class MetricsLog:
             self._tensorboard.close()
 
     def _read(self) -> list[dict[str, Any]]:
-        fs, path = fsspec.core.url_to_fs(self.path)
-        if not fs.exists(path):
+        if not files.exists(self.path):
             return []
-        return [json.loads(line) for line in fs.cat_file(path).decode().splitlines() if line.strip()]
-
-    def _write(self, text: str, append: bool) -> None:
-        fs, path = fsspec.core.url_to_fs(self.path)
-        if isinstance(fs, LocalFileSystem):
-            make_folder(fs, fs._parent(path))
-            with open(path, "a" if append else "w") as f:
-                f.write(text)
-            return
-        # Object stores cannot append: rewrite the (small) object whole.
-        old = fs.cat_file(path).decode() if append and fs.exists(path) else ""
-        fs.pipe_file(path, (old + text).encode())
+        text = files.read_bytes(self.path).decode()
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def read_metrics(path: str, kind: Optional[str] = None) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Training snapshots: what they hold, and writing and reading them safely through fsspec.
+"""Training snapshots: what they hold, and writing and reading them safely (local or any fsspec URL).
 
 - Atomic: a snapshot is written to a temporary name beside its target and renamed (copied then
   deleted, on object stores) only once complete, so a crash or a failed upload mid-save leaves the
@@ -13,26 +13,25 @@
 `trainer_config.snapshot_path` ending in `.pt` names one file, replaced at every save. Any other
 path is a folder holding `snapshot_<step>.pt` files, of which the newest `keep_last` are kept;
 resuming picks the newest.
+
+This module is the format alone: it knows nothing of parallelism, so a reader such as generate.py
+loads a snapshot without the distributed machinery. The stores that gather and shard a training
+run's state (store.py, sharded_store.py) build on it.
 """
 import io
-import os
 import re
-import uuid
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional
 
-import fsspec
 import torch
 import torch.nn as nn
-from fsspec.implementations.local import LocalFileSystem
 
-from errors import SnapshotError
-from parallel import gather_full_state, restore_full_state, unwrap
-from storage import make_folder, parent_folder, short_reason
+from mingpt.reporting.errors import SnapshotError, short_reason
+from mingpt.storage import files
 
 TRAINING_KEY = "trainer_config.snapshot_path"
 """What the user sets to point at snapshots; error messages name it (a command may name its own)."""
-_FOLDER_ENTRY = re.compile(r"snapshot_(\d+)\.pt$")
+FOLDER_ENTRY = re.compile(r"snapshot_(\d+)\.pt$")
 
 
 @dataclass
@@ -95,43 +94,26 @@ class Snapshot(Progress):
 
 def write_snapshot(snapshot: Snapshot, path: str) -> None:
     """Write snapshot to path (local or any fsspec URL), replacing the old one only when complete."""
-    fs, target = fsspec.core.url_to_fs(path)
-    temporary = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
     try:
-        make_folder(fs, fs._parent(target))
-        with fs.open(temporary, "wb") as f:
-            torch.save(snapshot.as_dict(), f)
-            if isinstance(fs, LocalFileSystem):
-                f.flush()
-                os.fsync(f.fileno())  # the rename below must not expose unwritten blocks
-        fs.mv(temporary, target)
+        files.write_atomically(path, lambda f: torch.save(snapshot.as_dict(), f))
     except Exception as e:  # a full disk, a lost connection, a revoked credential
-        _remove_quietly(fs, temporary)
-        raise SnapshotError(f"could not write snapshot {path} ({short_reason(e)}); "
-                            "check trainer_config.snapshot_path, its credentials and free space") from None
-    except BaseException:  # Ctrl-C pressed again mid-save: no temporary left behind either
-        _remove_quietly(fs, temporary)
-        raise
+        raise write_error(path, e) from None
 
 
-def _remove_quietly(fs: fsspec.AbstractFileSystem, path: str) -> None:
-    try:
-        if fs.exists(path):
-            fs.rm(path)
-    except Exception:  # the original error is the one to report
-        pass
+def write_error(path: str, error: BaseException, reason: Callable[[BaseException], str] = short_reason
+                ) -> SnapshotError:
+    """What a failed snapshot write says, for every store alike."""
+    return SnapshotError(f"could not write snapshot {path} ({reason(error)}); "
+                         "check trainer_config.snapshot_path, its credentials and free space")
 
 
 def read_snapshot(path: str, key: str = TRAINING_KEY) -> Optional[Snapshot]:
     """The snapshot at path, None if there is none; SnapshotError if it is not a usable one."""
     advice = f"move it away or set {key} to another location"
-    fs, target = fsspec.core.url_to_fs(path)
     try:
-        if not fs.exists(target):
+        if not files.exists(path):
             return None
-        with fs.open(target, "rb") as f:
-            # Read whole, then parse: much faster than torch.load on a remote file object.
-            buffer = io.BytesIO(f.read())
+        buffer = io.BytesIO(files.read_bytes(path))  # whole, then parsed: faster than a remote file object
     except Exception as e:
         raise SnapshotError(f"cannot read snapshot {path} ({short_reason(e)}); check {key} "
                             "and its credentials") from None
@@ -166,99 +148,24 @@ def check_tensors_fit(model: nn.Module, snapshot: Snapshot) -> None:
             raise ValueError(f"the snapshot's {label} is {tuple(tensor.shape)}, the model's {shapes[name]}")
 
 
-class SnapshotStore:
-    """The single-file snapshots of one run: one file, or a folder keeping the newest few."""
-
-    def __init__(self, path: str, keep_last: int = 1):
-        self.path = path
-        self.keep_last = keep_last
-        self.is_folder = not path.endswith(".pt")
-
-    @property
-    def folder(self) -> str:
-        """Where snapshots (and the metrics beside them) live."""
-        return self.path.rstrip("/") if self.is_folder else parent_folder(self.path)
-
-    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: Snapshot, is_main: bool) -> None:
-        """Gather the full state (every rank takes part); global rank 0 writes it with info."""
-        self.capture(model, optimizer, info, is_main)()
-
-    def capture(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: Snapshot, is_main: bool,
-                copy: Callable[[Any], Any] = lambda state: state) -> Callable[[], None]:
-        """The part of a save every rank takes now: gather the full state to rank 0, passed through
-        copy (a staging copy, for a background write). Returns the write, for rank 0 to run now or
-        in the background (on the other ranks it does nothing)."""
-        model_state, optimizer_state = gather_full_state(model, optimizer)
-        if not is_main:
-            return lambda: None
-        model_state, optimizer_state = copy((model_state, optimizer_state))
-        snapshot = replace(info, model_state=model_state, optimizer_state=optimizer_state)
-        return lambda: self._write(snapshot)
-
-    def _write(self, snapshot: Snapshot) -> None:
-        """Write the snapshot; in a folder, then drop all but the newest keep_last."""
-        target = f"{self.folder}/snapshot_{snapshot.step:09d}.pt" if self.is_folder else self.path
-        write_snapshot(snapshot, target)
-        if self.is_folder:
-            for old in self._entries()[: -self.keep_last]:
-                fs, old_path = fsspec.core.url_to_fs(old)
-                fs.rm(old_path)
-
-    def read_latest(self, key: str = TRAINING_KEY) -> tuple[Optional[Snapshot], Optional[str]]:
-        """The newest snapshot and its path, or (None, None)."""
-        path = self.latest(key)
-        snapshot = read_snapshot(path, key) if path else None
-        return (snapshot, path) if snapshot else (None, None)
-
-    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, model_config: dict[str, Any],
-                vocab: list[str]) -> tuple[Optional[Snapshot], Optional[str]]:
-        """Load the newest snapshot, if any, into this rank's model and optimizer."""
-        snapshot, path = self.read_latest()
-        if snapshot is None:
-            return None, None
-        snapshot.check_matches(model_config, vocab, path)
-        try:
-            check_tensors_fit(unwrap(model), snapshot)
-            restore_full_state(model, optimizer, snapshot.model_state, snapshot.optimizer_state)
-        except (RuntimeError, KeyError, ValueError) as e:
-            raise SnapshotError(f"snapshot {path} does not fit this model and optimizer ({short_reason(e)}); "
-                                "set trainer_config.snapshot_path to a new location") from None
-        return snapshot, path
-
-    def latest(self, key: str = TRAINING_KEY) -> Optional[str]:
-        """Path of the newest complete snapshot, or None."""
-        if not self.is_folder:
-            return self.path
-        entries = self._entries(key)
-        return entries[-1] if entries else None
-
-    def _entries(self, key: str = TRAINING_KEY) -> list[str]:
-        """Complete snapshots in the folder, oldest first (temporaries do not match the name)."""
-        return list_entries(self.path, _FOLDER_ENTRY, key=key)
-
-
-def _names_in(fs, folder: str) -> list[str]:
-    """The folder's entries; none when it does not exist (yet).
-
-    Asked in one call: `exists` then `ls` would race with rank 0's write probe, which makes an
-    object store's "folder" (a key prefix) exist for a moment and then vanish again.
-    """
+def list_entries(folder_url: str, pattern: re.Pattern = FOLDER_ENTRY,
+                 complete: Callable[[str], bool] = lambda url: True, key: str = TRAINING_KEY) -> list[str]:
+    """URLs of the folder's complete snapshots whose names match pattern (group 1: the step), oldest
+    first; a SnapshotError naming key when the folder cannot be listed."""
     try:
-        return fs.ls(folder, detail=False)
-    except FileNotFoundError:
-        return []
-
-
-def list_entries(folder_url: str, pattern: re.Pattern, complete=lambda fs, name: True,
-                 key: str = TRAINING_KEY) -> list[str]:
-    """URLs of the folder's entries whose names match pattern (group 1: a step), oldest first."""
-    fs, folder = fsspec.core.url_to_fs(folder_url.rstrip("/"))
-    try:
-        names = _names_in(fs, folder)
-        steps = sorted((int(m.group(1)), name.rstrip("/")) for name in names
-                       if (m := pattern.search(name.rstrip("/"))) and complete(fs, name.rstrip("/")))
+        return files.numbered_entries(folder_url, pattern, complete)
     except Exception as e:
         raise SnapshotError(f"cannot list snapshots in {folder_url} ({short_reason(e)}); check {key} "
                             "and its credentials") from None
-    prefix = folder_url.split("://")[0] + "://" if "://" in folder_url else ""
-    return [prefix + name for _, name in steps]
+
+
+def is_folder(path: str) -> bool:
+    """A snapshot path not ending in .pt is a folder of snapshot_<step>.pt files."""
+    return not path.endswith(".pt")
+
+
+def newest_snapshot(path: str, key: str = TRAINING_KEY) -> tuple[Optional[Snapshot], Optional[str]]:
+    """The newest snapshot at path (a .pt file, or a folder's newest) and where it is, or (None, None)."""
+    found = list_entries(path, key=key)[-1:] if is_folder(path) else [path]
+    snapshot = read_snapshot(found[0], key) if found else None
+    return (snapshot, found[0]) if snapshot else (None, None)

@@ -18,9 +18,9 @@ from typing import Iterator, Optional
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from control import leave_stops_to_training
-from permutation import Permutation
-from process_group import DistEnv
+from mingpt.distributed.control import leave_stops_to_training
+from mingpt.distributed.process_group import DistEnv
+from mingpt.tokens.permutation import Permutation
 
 EPOCH_SEED_STRIDE = 1_000_003
 """Spaces the epochs' permutation seeds apart (a prime, so that (seed, epoch) pairs rarely meet)."""

@@ -36,7 +36,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from errors import check
+from mingpt.reporting.errors import check
 
 STOP_EXIT_STATUS = 75
 """Exit status of a run stopped by a signal after saving its snapshot (EX_TEMPFAIL: try again

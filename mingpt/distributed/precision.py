@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from logger import warn_once
+from mingpt.reporting.logger import warn_once
 
 AMP_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 

@@ -4,7 +4,7 @@ The Trainer asks `due()` at every step and epoch boundary, the one place that de
 snapshot is due (the epoch cadence, every N steps, rank 0's timer and the stop signals as every
 rank agreed on them in control.py, the last step of a step budget), and calls `save()`; a progress
 already saved is never saved twice. A snapshot holds the model and optimizer state (single file or
-sharded, snapshot.py and sharded_snapshot.py), the GradScaler's state, every rank's RNG states, the
+sharded, store.py and sharded_store.py), the GradScaler's state, every rank's RNG states, the
 vocabulary and the model's config. With async_snapshots the state is copied and written by a
 background thread (background_save.py): `finish()` waits for it and raises on every rank if it
 failed on any. `resume()` restores the newest snapshot, and the RNG states are put back when the
@@ -19,15 +19,16 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from background_save import BackgroundSaves
-from control import Decision
-from errors import SnapshotError
-from logger import log, warn_once
-from parallel import unwrap
-from process_group import DistEnv, all_gather_objects, any_rank
-from sharded_snapshot import ShardedSnapshotStore
-from snapshot import Progress, Snapshot, SnapshotStore
-from storage import check_writable
+from mingpt.distributed.control import Decision
+from mingpt.distributed.parallel import unwrap
+from mingpt.distributed.process_group import DistEnv, all_gather_objects, any_rank
+from mingpt.reporting.errors import SnapshotError
+from mingpt.reporting.logger import log, warn_once
+from mingpt.storage.background_save import BackgroundSaves
+from mingpt.storage.files import check_writable
+from mingpt.storage.sharded_store import ShardedSnapshotStore
+from mingpt.storage.snapshot import Progress, Snapshot
+from mingpt.storage.store import FullStateStore, SnapshotStore
 
 SNAPSHOT_FORMATS = ("single", "sharded")
 
@@ -48,13 +49,13 @@ class SnapshotPolicy:
     """A step budget's run (max_steps) ends with a snapshot of its last step."""
 
 
-def open_snapshot_store(policy: SnapshotPolicy):
+def open_snapshot_store(policy: SnapshotPolicy) -> SnapshotStore:
     """Every rank calls this, at the same point: a background sharded save gets a gloo group of its
     own, so that its collectives (DCP's planning) never interleave with training's on one group."""
     if policy.snapshot_format == "sharded":
         group = dist.new_group(backend="gloo") if policy.async_snapshots else None
         return ShardedSnapshotStore(policy.path, policy.keep_last, process_group=group)
-    return SnapshotStore(policy.path, policy.keep_last)
+    return FullStateStore(policy.path, policy.keep_last)
 
 
 def capture_rng(device: torch.device) -> dict[str, Optional[torch.Tensor]]:

@@ -1,8 +1,8 @@
 """Entry for the tests (under torchrun or alone): mingpt/main.py with a SIGKILL planted at one
 point of training, and the samples each rank trains on recorded.
 
-    FAULT=step:37 FAULT_RANK=1 torchrun ... tests/fault_injection.py [hydra overrides]
-    RECORD_SAMPLES=DIR python tests/fault_injection.py [hydra overrides]
+    FAULT=step:37 FAULT_RANK=1 torchrun ... tests/workers/fault_injection.py [hydra overrides]
+    RECORD_SAMPLES=DIR python tests/workers/fault_injection.py [hydra overrides]
 
 FAULT is `step:N` (after optimizer step N), `eval:E` (as the eval pass of epoch E starts) or
 `snapshot_write:N` (half-way through writing the snapshot of step N: give FAULT_RANK=0, the
@@ -18,15 +18,14 @@ ahead of training).
 import os
 import runpy
 import signal
-import sys
 from pathlib import Path
 
-MINGPT = Path(__file__).resolve().parent.parent / "mingpt"
-sys.path.insert(0, str(MINGPT))
+import mingpt
+from mingpt.reporting.errors import MinGPTError
+from mingpt.tokens.data_loader import GlobalOrderSampler
+from mingpt.trainer import Trainer  # the module main.py will import, patched below
 
-from data_loader import GlobalOrderSampler  # noqa: E402
-from errors import MinGPTError  # noqa: E402
-from trainer import Trainer  # noqa: E402  (the module main.py will import, patched below)
+MINGPT = Path(mingpt.__file__).parent  # main.py, run below as `python main.py` would be
 
 INJECTED_ERROR = "injected: this rank's storage refused a write"
 

@@ -1,0 +1,13 @@
+"""minGPT-DDP: train a GPT with DDP, FSDP or HSDP, from one CPU to a Slurm cluster of GPUs.
+
+At this level: the original's files (main.py, trainer.py, model.py, char_dataset.py,
+gpt2_train_cfg.yaml) and the commands a user runs (launch.py, generate.py, model_size.py,
+plot_metrics.py, prepare_data.py, convert_snapshot.py). Support code lives in four packages:
+
+    distributed/  who each process is, how the model is spread over the ranks, decisions all ranks share
+    storage/      files anywhere (fsspec), snapshots: their format, stores, background saves, the Checkpointer
+    reporting/    errors said in one line, the one logger, metrics, progress, FLOPs
+    tokens/       the token file every rank maps, its global sample order, the batches of each rank
+
+docs/ARCHITECTURE.md draws the whole.
+"""

@@ -1,0 +1,82 @@
+"""Errors a user can fix: printed as one line (no traceback), exit status 1.
+
+Anything else that goes wrong is a bug and keeps its traceback. Every command the project has
+(training, generate, prepare_data, ...) runs inside the one shell below, `command`.
+"""
+import argparse
+import functools
+import sys
+from typing import Callable, TypeVar
+
+Result = TypeVar("Result")
+
+
+class MinGPTError(Exception):
+    """A problem with the user's input: config, data, paths, credentials or snapshots."""
+
+    said: bool = False
+    """Another process of the job has said it already (see distributed/process_group.py)."""
+    origin: str = ""
+    """Who says it, when that is not the only or first rank: "[rank 3] "."""
+
+
+class ConfigError(MinGPTError):
+    """A config value is out of range or inconsistent; the message names the key."""
+
+    def __init__(self, key: str, problem: str):
+        super().__init__(f"{key}: {problem}")
+        self.key = key
+
+
+class DataError(MinGPTError):
+    """The training text cannot be read or is unusable with the configured sizes."""
+
+
+class SnapshotError(MinGPTError):
+    """A snapshot cannot be read, or belongs to another model or vocabulary."""
+
+
+def check(condition: bool, key: str, problem: str) -> None:
+    """Raise ConfigError(key, problem) unless condition holds."""
+    if not condition:
+        raise ConfigError(key, problem)
+
+
+def check_positive(config: object, prefix: str, *fields: str) -> None:
+    """Each named field of config must be a positive number."""
+    for name in fields:
+        value = getattr(config, name)
+        check(value > 0, f"{prefix}.{name}", f"must be positive, got {value}")
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse whose mistakes are MinGPTErrors: one line and exit 1, like every other error here."""
+
+    def error(self, message: str) -> None:
+        raise MinGPTError(f"{message} (see --help)")
+
+
+def short_reason(error: BaseException) -> str:
+    """`Type: first line` of an exception, for one-line messages."""
+    text = str(error).strip()
+    first_line = text.splitlines()[0] if text else ""
+    return f"{type(error).__name__}: {first_line[:160]}"
+
+
+def say_error(error: MinGPTError, origin: str = "") -> None:
+    """The one line a user sees: `error: [origin] what is wrong; what to do`."""
+    print(f"error: {origin}{error}", file=sys.stderr, flush=True)
+
+
+def command(body: Callable[..., Result]) -> Callable[..., Result]:
+    """The shell of every command: a MinGPTError is said in one line on stderr and exits with status
+    1; anything else keeps its traceback. Called in a test, a command returns what body returns."""
+    @functools.wraps(body)
+    def run(*args, **kwargs) -> Result:
+        try:
+            return body(*args, **kwargs)
+        except MinGPTError as error:
+            if not error.said:
+                say_error(error, error.origin)
+            sys.exit(1)
+    return run

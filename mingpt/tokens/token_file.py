@@ -1,0 +1,372 @@
+"""Prepare the training text once as a token file that every rank memory-maps.
+
+Reading and encoding the whole text on every rank costs each of them the text's size several times
+over in RAM. Instead one process per machine streams the text (a local path or any fsspec URL) into
+a file of character ids, and every rank maps that file read-only: the pages are shared, and a
+corpus larger than memory still trains.
+
+Made by `python mingpt/prepare_data.py PATH` ahead of training, or by training itself when missing.
+
+File format (little-endian):
+    MAGIC                       14 bytes, b"MINGPT-TOKENS\\x01"
+    header length               4 bytes, unsigned
+    header                      JSON: version, vocab, dtype, n_tokens, data_offset, crc32,
+                                fingerprint, source
+    zero padding                up to data_offset, a multiple of ALIGN, so the ids can be mapped
+    ids                         n_tokens ids of `dtype`: the index of each character in vocab
+"""
+import codecs
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import struct
+import tempfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Iterator, Optional
+
+import numpy as np
+
+from mingpt.reporting.errors import DataError
+from mingpt.storage import files
+from mingpt.storage.files import cache_folder
+
+MAGIC = b"MINGPT-TOKENS\x01"
+VERSION = 1
+ALIGN = 4096
+"""The ids start at a multiple of this, so they can be memory-mapped."""
+CHUNK_BYTES = 4 << 20
+"""Bytes of text read at a time: bounds the memory used, whatever the corpus size."""
+N_CODEPOINTS = 0x110000
+ID_DTYPES = ("uint8", "uint16", "uint32")
+VERSION_KEYS = ("ETag", "etag", "LastModified", "last_modified", "Last-Modified", "mtime", "updated",
+                "generation", "VersionId", "created")
+"""Keys of fs.info() that change when a remote file is rewritten (size alone may not)."""
+_LENGTH = struct.Struct("<I")
+_PREFIX = len(MAGIC) + _LENGTH.size
+
+
+@dataclass(frozen=True, eq=False)  # ids is an array: compare the files, not these
+class TokenFile:
+    """A prepared text: its vocabulary and its ids, mapped read-only from the file."""
+
+    path: Path
+    vocab: list[str]
+    ids: np.memmap
+    n_tokens: int
+    fingerprint: dict
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+
+# ---------------------------------------------------------------------------------------- encoding
+
+def id_dtype(vocab_size: int) -> np.dtype:
+    """The narrowest unsigned type that holds every id: 1 byte per character for most texts."""
+    for name in ID_DTYPES:
+        if vocab_size <= np.iinfo(name).max + 1:
+            return np.dtype(name)
+    raise ValueError(f"a vocabulary of {vocab_size} characters is more than Unicode has")
+
+
+def codepoints(text: str) -> np.ndarray:
+    """The code points of text; an ASCII str (the common case) costs a 1-byte copy, not 4."""
+    if text.isascii():
+        return np.frombuffer(text.encode("ascii"), np.uint8)
+    return np.frombuffer(text.encode("utf-32-le"), np.uint32)
+
+
+def encode_text(text: str) -> tuple[np.ndarray, list[str]]:
+    """Ids and vocabulary of a text already in memory: what the streaming path writes for it."""
+    cps = codepoints(text)
+    vocab_cps = np.unique(cps)  # sorted, like sorted(set(text))
+    ids = np.searchsorted(vocab_cps, cps).astype(id_dtype(len(vocab_cps)))
+    return ids, [chr(c) for c in vocab_cps.tolist()]
+
+
+# ------------------------------------------------------------------------------------ reading text
+
+@contextlib.contextmanager
+def source_errors(source: str) -> Iterator[None]:
+    """Turn a missing or unreadable source into a DataError that says what to fix."""
+    try:
+        yield
+    except FileNotFoundError:
+        if files.is_remote(source):  # fsspec's http says so of an unreachable host too
+            raise DataError(f"data_config.path: cannot fetch {source} (not there, or no network); check "
+                            "the URL, or download the text and point data_config.path at the copy") from None
+        raise DataError(f"data_config.path: no such file {source}; "
+                        "point data_config.path at a UTF-8 text file") from None
+    except OSError as e:
+        raise DataError(f"data_config.path: cannot read {source} ({e}); "
+                        "check the path and its permissions") from None
+
+
+def fingerprint(source: str) -> dict:
+    """What identifies this version of the source: a different value means rebuild the token file."""
+    with source_errors(source):
+        if not files.is_remote(source):
+            st = os.stat(files.local_path(source))
+            return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        info = files.info(source)
+    found = {key: info[key] for key in VERSION_KEYS if info.get(key) is not None}
+    # datetimes and the like compare as their JSON text, the form they are stored in
+    return json.loads(json.dumps({"size": info.get("size"), **found}, default=str))
+
+
+def text_chunks(source: str) -> Iterator[str]:
+    """The text a chunk at a time, decoded incrementally; a DataError names the first bad byte."""
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    consumed = 0  # bytes handed to the decoder before this chunk
+    with source_errors(source), files.open_file(source, "rb") as f:
+        while True:
+            raw = f.read(CHUNK_BYTES)
+            pending = len(decoder.getstate()[0])  # an incomplete character held back last time
+            try:
+                text = decoder.decode(raw, final=not raw)
+            except UnicodeDecodeError as e:
+                raise DataError(
+                    f"data_config.path: {source} is not UTF-8 text ({e.reason} at byte "
+                    f"{consumed - pending + e.start}); convert it to UTF-8 or point data_config.path "
+                    "at a UTF-8 text file") from None
+            consumed += len(raw)
+            if text:
+                yield text
+            if not raw:
+                return
+
+
+def count_codepoints(source: str) -> np.ndarray:
+    """Pass 1: how often each code point occurs, over the whole text."""
+    counts = np.zeros(N_CODEPOINTS, np.int64)
+    for text in text_chunks(source):
+        chunk_counts = np.bincount(codepoints(text))
+        counts[: len(chunk_counts)] += chunk_counts
+    return counts
+
+
+def id_chunks(source: str, lut: np.ndarray) -> Iterator[np.ndarray]:
+    """Pass 2: the ids of the text, a chunk at a time."""
+    for text in text_chunks(source):
+        yield lut[codepoints(text)]
+
+
+# ------------------------------------------------------------------------------------- file format
+
+def header_bytes(header: dict) -> bytes:
+    body = json.dumps(header, separators=(",", ":")).encode("ascii")
+    return MAGIC + _LENGTH.pack(len(body)) + body
+
+
+def data_offset_for(header: dict) -> int:
+    """Where the ids start: past the longest header this file can have, rounded up to ALIGN."""
+    widest = dict(header, crc32=0xFFFFFFFF, data_offset=1 << 62)
+    return -(-len(header_bytes(widest)) // ALIGN) * ALIGN
+
+
+def unusable(path: Path, problem: str) -> DataError:
+    return DataError(f"token file {path} {problem}; delete it and prepare the data again "
+                     "(python mingpt/prepare_data.py <data_config.path>)")
+
+
+def read_header(path: Path) -> dict:
+    """The header of a token file, checked against the file's size (cheap: the ids are not read)."""
+    try:
+        with open(path, "rb") as f:
+            prefix = f.read(_PREFIX)
+            if len(prefix) < _PREFIX or prefix[: len(MAGIC)] != MAGIC:
+                raise unusable(path, "is not a token file (bad magic bytes)")
+            (length,) = _LENGTH.unpack(prefix[len(MAGIC):])
+            body = f.read(length)
+            size = os.fstat(f.fileno()).st_size
+    except FileNotFoundError:
+        raise DataError(f"token file {path} does not exist; prepare the data first "
+                        "(python mingpt/prepare_data.py <data_config.path>)") from None
+    except OSError as e:
+        raise DataError(f"cannot read token file {path} ({e}); check its permissions") from None
+    try:
+        header = json.loads(body)
+    except ValueError:
+        raise unusable(path, "has a damaged header") from None
+    problem = header_problem(header, _PREFIX + len(body), size)
+    if problem:
+        raise unusable(path, problem)
+    return header
+
+
+def header_problem(header: object, header_end: int, size: int) -> Optional[str]:
+    """What is wrong with a parsed header and the file size, or None."""
+    if not isinstance(header, dict) or header.get("version") != VERSION:
+        return f"has an unknown format (expected version {VERSION})"
+    vocab, dtype = header.get("vocab"), header.get("dtype")
+    vocab_ok = isinstance(vocab, list) and all(isinstance(ch, str) and len(ch) == 1 for ch in vocab)
+    if not vocab_ok or not 0 < len(vocab) <= N_CODEPOINTS or dtype != id_dtype(len(vocab)).name:
+        return "has a damaged header (vocabulary or id type)"
+    n_tokens, offset = header.get("n_tokens"), header.get("data_offset")
+    numbers_ok = all(isinstance(header.get(k), int) for k in ("n_tokens", "data_offset", "crc32"))
+    if not numbers_ok or n_tokens <= 0 or offset < header_end or offset % ALIGN or \
+            not isinstance(header.get("fingerprint"), dict):
+        return "has a damaged header"
+    expected = offset + n_tokens * np.dtype(dtype).itemsize
+    if size != expected:
+        return f"is {size:,} bytes where its header says {expected:,} (truncated or damaged)"
+    return None
+
+
+def data_crc32(path: Path, offset: int) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while block := f.read(CHUNK_BYTES):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+def open_token_file(path: Path) -> TokenFile:
+    """Map a prepared token file read-only. Checks the header and the size, not the checksum:
+    the other ranks call this after local rank 0's prepare() checked everything."""
+    path = Path(path)
+    header = read_header(path)
+    ids = np.memmap(path, dtype=header["dtype"], mode="r", offset=header["data_offset"],
+                    shape=(header["n_tokens"],))
+    return TokenFile(path, header["vocab"], ids, header["n_tokens"], header["fingerprint"])
+
+
+def is_up_to_date(path: Path, source_fingerprint: dict) -> bool:
+    """Whether path is a whole, undamaged token file of this version of the source."""
+    try:
+        header = read_header(path)
+    except DataError:
+        return False
+    return header["fingerprint"] == source_fingerprint and \
+        data_crc32(path, header["data_offset"]) == header["crc32"]
+
+
+# ---------------------------------------------------------------------------------------- building
+
+def write_ids(out: BinaryIO, chunks: Iterator[np.ndarray]) -> tuple[int, int]:
+    """Write the id chunks; (ids written, crc32 of their bytes)."""
+    n_written, crc = 0, 0
+    for ids in chunks:
+        out.write(ids.data)
+        crc = zlib.crc32(ids.data, crc)
+        n_written += len(ids)
+    return n_written, crc
+
+
+def vocabulary(counts: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """The sorted characters that occur, and a table from every code point to its id: one numpy
+    lookup per chunk instead of a dict lookup per character."""
+    vocab_cps = np.flatnonzero(counts)
+    lut = np.zeros(N_CODEPOINTS, id_dtype(len(vocab_cps)))
+    lut[vocab_cps] = np.arange(len(vocab_cps))
+    return [chr(c) for c in vocab_cps.tolist()], lut
+
+
+def build(source: str, path: Path, source_fingerprint: dict) -> None:
+    """Encode source into path in two streaming passes, atomically: a temporary file in the same
+    folder, fsync'ed, then renamed, so path is either absent, the old file or the whole new one."""
+    counts = count_codepoints(source)
+    n_tokens = int(counts.sum())
+    if n_tokens == 0:
+        raise DataError(f"data_config.path: {source} is empty; "
+                        "point data_config.path at a non-empty UTF-8 text file")
+    vocab, lut = vocabulary(counts)
+    header = {"version": VERSION, "vocab": vocab, "dtype": lut.dtype.name, "n_tokens": n_tokens,
+              "fingerprint": source_fingerprint, "source": source}
+    header["data_offset"] = data_offset_for(header)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide a shared cache from other users
+        with os.fdopen(fd, "wb") as out:
+            out.seek(header["data_offset"])
+            n_written, header["crc32"] = write_ids(out, id_chunks(source, lut))
+            out.seek(0)
+            out.write(header_bytes(header))
+            out.flush()
+            os.fsync(out.fileno())
+        if n_written != n_tokens or fingerprint(source) != source_fingerprint:
+            raise DataError(f"data_config.path: {source} changed while it was being prepared; "
+                            "prepare it again once it no longer changes")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_folder(path.parent)
+
+
+def fsync_folder(folder: Path) -> None:
+    """Make the rename itself durable."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_leftovers(path: Path) -> None:
+    """Delete temporary files of preparations that were killed. Only call with the lock held:
+    then no live preparation of path is writing one."""
+    for leftover in path.parent.glob(f"{path.name}.*.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            leftover.unlink()
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `<path>.lock`: other processes preparing path wait here."""
+    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+# ----------------------------------------------------------------------------------------- placing
+
+def folder_is_writable(folder: Path) -> bool:
+    return os.access(folder, os.W_OK)
+
+
+def token_file_for(source: str, cache_dir: Optional[str] = None) -> Path:
+    """Where the token file of source lives: beside a local source when its folder is writable,
+    else in the cache folder under a name unique to the source."""
+    if not files.is_remote(source):
+        beside = Path(files.local_path(source) + ".tokens")
+        if folder_is_writable(beside.parent):
+            return beside
+        key = str(Path(files.local_path(source)).resolve())
+    else:
+        key = source
+    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
+    basename = Path(key.rstrip("/")).name or "text"
+    return cache_folder(cache_dir) / f"{basename}-{digest}.tokens"
+
+
+def prepare(source: str, cache_dir: Optional[str] = None) -> tuple[Path, bool]:
+    """The token file of source, and whether it was (re)built now.
+
+    Safe to call from many processes at once: they take turns under a lock, the first builds, the
+    others then find a whole, current file. Any file that is damaged, truncated or older than the
+    source is rebuilt.
+    """
+    fingerprint(source)  # a missing source fails here, before a lock file is made beside it
+    path = token_file_for(source, cache_dir)
+    try:
+        with locked(path):
+            source_fingerprint = fingerprint(source)
+            if is_up_to_date(path, source_fingerprint):
+                return path, False
+            remove_leftovers(path)
+            build(source, path, source_fingerprint)
+            return path, True
+    except OSError as e:  # the source's own errors are DataErrors by now: this is the token file's
+        raise DataError(f"cannot write the token file {path} ({e}); "
+                        "free space on its disk or make its folder writable") from None
