@@ -33,7 +33,8 @@ class DataConfig:
     train_split: float = 0.9
     """Share of the samples (random) or of the text (contiguous) used for training."""
     truncate: float = 1.0
-    """Keep only this leading share of the text."""
+    """Keep only this leading share of the text. The whole text for code that builds a DataConfig;
+    gpt2_train_cfg.yaml sets the original's 0.05, so `python main.py` trains on 5% as it did."""
     cache_dir: Optional[str] = None
     """Where token files are kept for texts behind fsspec URLs (s3://...) or in read-only folders
     (a local text's own folder otherwise); default $MINGPT_CACHE_DIR or ~/.cache/mingpt-ddp."""

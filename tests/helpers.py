@@ -181,3 +181,22 @@ def signal_every_process(process: subprocess.Popen, number: int) -> list[psutil.
     for member in everyone:
         member.send_signal(number)
     return everyone
+
+
+def one_error_line(result) -> str:
+    """The one line a failed command said (exit status 1, no traceback)."""
+    assert result.returncode == 1, (result.returncode, result.stderr)  # the README's promise
+    assert "Traceback" not in result.stderr + result.stdout
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def check_two_rank_run(result, snapshot) -> None:
+    """A tiny 2-rank run finished, with one snapshot writer and rank-0-only progress lines."""
+    assert_ok(result)
+    assert result.stdout.count("Snapshot saved at epoch 1") == 1
+    assert result.stdout.count("Data has") == 1
+    assert {rank for rank, *_ in losses(result.stdout)} == {0}, "a line meant for rank 0 came from another"
+    assert "(mean over" in result.stdout and "on 2 ranks)" in result.stdout
+    assert snapshot.exists()

@@ -3,8 +3,7 @@ import sys
 
 import pytest
 import torch
-from helpers import MINGPT, run, start_until, tiny_overrides
-from test_distributed import check_two_rank_run
+from helpers import MINGPT, check_two_rank_run, run, start_until, tiny_overrides
 
 from mingpt import launch
 

@@ -6,7 +6,7 @@ from helpers import (
     MINGPT,
     WORKER_SCRIPTS,
     assert_ok,
-    losses,
+    check_two_rank_run,
     make_text,
     run_main,
     run_probe,
@@ -56,16 +56,6 @@ def test_only_global_rank_zero_writes_the_snapshot(probe):
     assert [p["wrote_snapshot"] for p in probe] == [True, False]
 
 
-def check_two_rank_run(result, snapshot) -> None:
-    """A tiny 2-rank run finished, with one snapshot writer and rank-0-only progress lines."""
-    assert_ok(result)
-    assert result.stdout.count("Snapshot saved at epoch 1") == 1
-    assert result.stdout.count("Data has") == 1
-    assert {rank for rank, *_ in losses(result.stdout)} == {0}, "a line meant for rank 0 came from another"
-    assert "(mean over" in result.stdout and "on 2 ranks)" in result.stdout
-    assert snapshot.exists()
-
-
 def test_torchrun_from_the_repo_root(text_file, tmp_path):
     snapshot = tmp_path / "snap.pt"
     result = run_main(tiny_overrides(text_file, snapshot, trainer_config__progress_interval_s=0.5), nproc=2)
@@ -87,9 +77,22 @@ def test_torchrun_from_inside_mingpt(text_file, tmp_path):
 
 
 def test_a_failing_worker_fails_the_job_with_one_error_line(tmp_path):
+    """A config mistake, the same on every rank before any process group exists: local rank 0 says it."""
     result = run_main(["trainer_config.batch_size=0"], nproc=2)
-    assert result.returncode != 0
+    assert result.returncode == 1
     assert result.stderr.count("error: trainer_config.batch_size: must be positive") == 1
+
+
+def test_an_error_every_rank_meets_during_the_run_is_said_once(text_file, tmp_path):
+    """A damaged snapshot: every rank fails to read it and one says so, the first to get there (they
+    agree through the process group's store; none waits for another). The snapshot is left as it was."""
+    snapshot = tmp_path / "snap.pt"
+    snapshot.write_bytes(b"not a snapshot")
+    result = run_main(tiny_overrides(text_file, snapshot), nproc=2)
+    assert result.returncode == 1
+    said = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(said) == 1 and "cannot be loaded" in said[0], result.stderr
+    assert snapshot.read_bytes() == b"not a snapshot"
 
 
 def test_an_error_on_one_rank_alone_is_reported_by_that_rank(text_file, tmp_path):
@@ -97,7 +100,7 @@ def test_an_error_on_one_rank_alone_is_reported_by_that_rank(text_file, tmp_path
     env = dict(os.environ, FAULT="error:3", FAULT_RANK="1", OMP_NUM_THREADS="1")
     result = run_main(tiny_overrides(text_file, tmp_path / "snap.pt"), nproc=2, env=env,
                       script=WORKER_SCRIPTS / "fault_injection.py")
-    assert result.returncode != 0
+    assert result.returncode == 1
     assert result.stderr.count(f"error: [rank 1] {INJECTED_ERROR}") == 1
 
 

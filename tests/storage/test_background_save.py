@@ -1,11 +1,12 @@
 """background_save.py: the staging copy a background writer reads, and a write that fails mid-run."""
 import os
 import sys
+import threading
+import time
 
 import torch
-from helpers import MAIN, assert_ok, run, run_main, sha256, tiny_overrides
+from helpers import MAIN, assert_ok, one_error_line, run, run_main, sha256, tiny_overrides
 from state_equality import assert_same_state
-from test_main import one_error_line
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 from torch.distributed.fsdp import fully_shard
 
@@ -61,14 +62,27 @@ def test_the_staged_copy_shares_nothing_with_training_and_is_reused(world_of_one
 def test_finish_hands_over_the_writers_error_and_failed_never_waits():
     saves = BackgroundSaves()
     assert not saves.failed() and saves.finish() is None
+    release = threading.Event()
 
-    def refused():
+    def refused_once_released():
+        release.wait()
         raise OSError("disk full")
 
-    saves.submit(refused)
+    saves.submit(refused_once_released)
+    answers = []
+    asking = threading.Thread(target=lambda: answers.append(saves.failed()), daemon=True)
+    asking.start()
+    asking.join(timeout=5)
+    assert answers == [False], "failed() waited for the write in flight"
+    release.set()
+    deadline = time.monotonic() + 10
+    while not saves.failed():  # the error shows without finish()
+        assert time.monotonic() < deadline, "failed() never saw the writer's error"
+        time.sleep(0.01)
+    assert saves.failed()  # and stays there for finish() to hand over
     error = saves.finish()
     assert isinstance(error, OSError) and str(error) == "disk full"
-    assert saves.finish() is None  # handed over once
+    assert saves.finish() is None and not saves.failed()  # handed over once
 
 
 def test_a_save_refused_mid_run_stops_the_run_with_its_error_and_keeps_the_previous_snapshot(

@@ -13,10 +13,17 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import MINGPT, WORKER_SCRIPTS, RunsCode, assert_ok, run_main, sha256, tiny_overrides
+from helpers import (
+    MINGPT,
+    WORKER_SCRIPTS,
+    RunsCode,
+    assert_ok,
+    one_error_line,
+    run_main,
+    sha256,
+    tiny_overrides,
+)
 from state_equality import assert_same_state
-from test_main import one_error_line
-from test_parallel import train as train_single_file
 
 from mingpt.storage.snapshot import read_snapshot
 
@@ -102,7 +109,9 @@ def test_converts_to_a_single_file_of_the_saved_values_that_resumes(sharded_run,
     snapshot = read_snapshot(str(single))
     assert snapshot.finished_epoch == 1
     assert_restored({"model": snapshot.model_state, "optimizer": snapshot.optimizer_state}, saved)
-    result = train_single_file(text_file, single, "ddp", epochs=2)
+    result = run_main(tiny_overrides(text_file, single, trainer_config__distributed_method="ddp",
+                                     trainer_config__max_epochs=2), nproc=2)
+    assert_ok(result)
     assert "Resuming training from snapshot at Epoch 1" in result.stdout
 
 

@@ -10,8 +10,7 @@ import sys
 import fsspec
 import pytest
 import torch
-from helpers import assert_ok, run_main, tiny_overrides
-from test_main import one_error_line
+from helpers import assert_ok, one_error_line, run_main, tiny_overrides
 
 PART = 5 * 2**20
 """s3fs's smallest write block size (S3's smallest multipart part); s3fs's default is 50 MiB."""

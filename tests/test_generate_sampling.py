@@ -1,4 +1,4 @@
-"""sampling.py: top-k, temperature, greedy decoding, context cropping, seeding and model mode."""
+"""generate.py's sampling: top-k, temperature, greedy decoding, context cropping, seeding and model mode."""
 from types import SimpleNamespace
 
 import pytest
