@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from mingpt.reporting.errors import DataError, check, check_positive
+from mingpt.reporting.errors import DataError, check, check_choice, check_positive
 from mingpt.tokens.permutation import Permutation
 from mingpt.tokens.token_file import TokenFile, encode_text, open_token_file, prepare, token_file_for
 
@@ -49,8 +49,7 @@ class DataConfig:
               f"must be between 0 and 1 (exclusive), got {self.train_split}")
         check(0.0 < self.truncate <= 1.0, "data_config.truncate",
               f"must be in (0, 1], got {self.truncate}")
-        check(self.split in SPLITS, "data_config.split",
-              f"must be one of {', '.join(SPLITS)}, got {self.split!r}")
+        check_choice(self, "data_config", "split", SPLITS)
 
 
 class CharDataset(Dataset):

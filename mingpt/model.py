@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mingpt.reporting.errors import check, check_positive
+from mingpt.reporting.errors import check, check_choice, check_not_negative, check_positive
 
 # (n_layer, n_head, n_embd) of the named models minGPT knows.
 PRESETS: dict[str, tuple[int, int, int]] = {
@@ -85,11 +85,8 @@ class OptimizerConfig:
 
     def __post_init__(self) -> None:
         check_positive(self, "optimizer_config", "learning_rate")
-        for key in ("weight_decay", "warmup_steps"):
-            value = getattr(self, key)
-            check(value >= 0, f"optimizer_config.{key}", f"must not be negative, got {value}")
-        check(self.lr_schedule in LR_SCHEDULES, "optimizer_config.lr_schedule",
-              f"must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
+        check_not_negative(self, "optimizer_config", "weight_decay", "warmup_steps")
+        check_choice(self, "optimizer_config", "lr_schedule", LR_SCHEDULES)
         check(0 <= self.min_lr_ratio <= 1, "optimizer_config.min_lr_ratio",
               f"must be in [0, 1], got {self.min_lr_ratio}")
 

@@ -1,20 +1,13 @@
 """The training loop: epochs of training, a snapshot every `save_every` epochs, an eval pass.
 
-The model arrives unwrapped, best on the meta device (main.py builds it there); the Trainer checks
-that its training state fits in memory (memory.py), puts it on this rank's device (each rank only
-its shards, under FSDP), wraps it for the configured distributed method, and only then builds the
-optimizer (built earlier, FSDP would never update the sharded parameters).
-
-Beyond the original: a step budget (`max_steps`) and evaluation every `eval_every_steps` steps on
-a fixed subset (`eval_batches`), for corpora whose epochs are too long to count in; snapshots also
-every `save_every_steps` steps or `save_every_minutes` minutes; and a stop signal (SIGTERM, SIGUSR1:
-preemption, a time limit) ends the run cleanly with a snapshot, at the same step on every rank
-(control.py). Snapshots are the Checkpointer's (checkpointer.py): when one is due, taking it (with
-`async_snapshots`, a copy of the state that a background thread writes) and resuming from the
-newest; the Trainer keeps the loop, evaluation and the phases of a step. A run resumed from any
-snapshot continues with the next unseen sample of the epoch's global order: at the same world size
-it replays the unbroken run exactly (the same dropout masks too); at another world size every
-sample of the epoch is still trained once.
+The model arrives unwrapped on the meta device (main.py); the Trainer checks that its training state
+fits (distributed/memory.py), places and wraps it for the configured method (each rank only its
+shards under FSDP), and only then builds the optimizer. It keeps the loop, evaluation and the
+phases of a step; snapshots are the Checkpointer's (storage/checkpointer.py), and decisions every
+rank takes at one step (a stop signal, a snapshot timer) come from control.py. Beyond the original:
+a step budget, evaluation on a step cadence and a fixed subset, snapshots on step and time cadences,
+and a clean stop on a signal; a resumed run continues with the next unseen sample of the epoch's
+global order, exactly as the unbroken run at the same world size.
 """
 import contextlib
 from dataclasses import dataclass, field
@@ -48,7 +41,7 @@ from mingpt.distributed.parallel import (
 from mingpt.distributed.precision import AMP_DTYPES, resolve_precision
 from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, all_reduce_sum
 from mingpt.model import OptimizerConfig, create_optimizer, learning_rate_at
-from mingpt.reporting.errors import check, check_positive
+from mingpt.reporting.errors import check, check_choice, check_not_negative, check_positive
 from mingpt.reporting.flops import peak_flops
 from mingpt.reporting.logger import clear_status, log
 from mingpt.reporting.metrics import MetricsLog, default_metrics_path
@@ -141,29 +134,22 @@ class TrainerConfig:
         check_positive(self, "trainer_config", "max_epochs", "batch_size", "grad_accum_steps", "save_every",
                        "grad_norm_clip", "log_every", "keep_last", "progress_interval_s",
                        "process_group_timeout_s")
-        check(self.data_loader_workers is None or self.data_loader_workers >= 0,
-              "trainer_config.data_loader_workers", f"must not be negative, got {self.data_loader_workers}")
-        for key in ("save_every_steps", "save_every_minutes", "max_steps",
-                    "eval_every_steps", "eval_batches"):
-            value = getattr(self, key)
-            check(value >= 0, f"trainer_config.{key}", f"must not be negative, got {value}")
+        check_not_negative(self, "trainer_config", "save_every_steps", "save_every_minutes", "max_steps",
+                           "eval_every_steps", "eval_batches")
+        if self.data_loader_workers is not None:
+            check_not_negative(self, "trainer_config", "data_loader_workers")
+        for key, choices in (("snapshot_format", SNAPSHOT_FORMATS), ("distributed_method", METHODS),
+                             ("activation_checkpointing", CHECKPOINTING_MODES), ("amp_dtype", AMP_DTYPES)):
+            check_choice(self, "trainer_config", key, choices)
         check(bool(self.snapshot_path), "trainer_config.snapshot_path", "must not be empty")
-        check(self.snapshot_format in SNAPSHOT_FORMATS, "trainer_config.snapshot_format",
-              f"must be one of {', '.join(SNAPSHOT_FORMATS)}, got {self.snapshot_format!r}")
         check(self.snapshot_format == "single" or not self.snapshot_path.endswith(".pt"),
               "trainer_config.snapshot_path", "sharded snapshots need a folder, not a .pt file")
-        check(self.distributed_method in METHODS, "trainer_config.distributed_method",
-              f"must be one of {', '.join(METHODS)}, got {self.distributed_method!r}")
         sharded = self.distributed_method in SHARDED_METHODS
         check(not self.cpu_offload or sharded, "trainer_config.cpu_offload",
               "offloads shards; set trainer_config.distributed_method=fsdp or hsdp, or cpu_offload=False")
         check(self.reshard_after_forward or sharded, "trainer_config.reshard_after_forward",
               "applies to sharded methods; set trainer_config.distributed_method=fsdp or hsdp, "
               "or leave it True")
-        check(self.activation_checkpointing in CHECKPOINTING_MODES, "trainer_config.activation_checkpointing",
-              f"must be one of {', '.join(CHECKPOINTING_MODES)}, got {self.activation_checkpointing!r}")
-        check(self.amp_dtype in AMP_DTYPES, "trainer_config.amp_dtype",
-              f"must be one of {', '.join(AMP_DTYPES)}, got {self.amp_dtype!r}")
         check_signal_names(self.stop_signals, "trainer_config.stop_signals")
 
 
@@ -188,7 +174,8 @@ class Trainer:
         self.memory = plan_memory(sum(p.numel() * p.element_size() for p in model.parameters()),
                                   config.distributed_method, config.cpu_offload, env)
         check_memory(self.memory, env)  # before anything is allocated
-        parallelism = Parallelism(config.distributed_method, config.cpu_offload, config.reshard_after_forward)
+        parallelism = Parallelism(config.distributed_method, config.cpu_offload, config.reshard_after_forward,
+                                  cpu_collectives=env.device.type == "cpu")
         self.model = parallelize(model, parallelism, self.precision, env, compile=config.compile)
         self.optimizer_config = optimizer_config
         self.optimizer = create_optimizer(self.model, optimizer_config,

@@ -1,6 +1,8 @@
 """Fixtures shared by the tests (helpers.py holds the plain functions)."""
+import contextlib
 from pathlib import Path
 
+import psutil
 import pytest
 from helpers import make_text
 from s3_server import S3Server, start_s3_server
@@ -42,3 +44,17 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def no_process_outlives_its_test():
+    """Every process a test started and left running (a worker of a failed or timed-out run, a server
+    of its own) is killed when the test ends; those of wider fixtures were there before it began."""
+    me = psutil.Process()
+    before = {child.pid for child in me.children(recursive=True)}
+    yield
+    strays = [child for child in me.children(recursive=True) if child.pid not in before]
+    for stray in strays:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            stray.kill()
+    psutil.wait_procs(strays, timeout=10)

@@ -1,4 +1,5 @@
 """Helpers for the tests: a small generated text, tiny-model overrides, runners for real processes."""
+import contextlib
 import hashlib
 import http.server
 import json
@@ -68,8 +69,31 @@ def _env(extra: Optional[dict] = None) -> dict:
 
 def run(cmd: list, cwd: Path = REPO, env: Optional[dict] = None,
         timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([str(c) for c in cmd], cwd=cwd, env=_env(env), capture_output=True,
-                          text=True, timeout=timeout)
+    """cmd to its end, its output captured. Whatever ends the wait early (the timeout, pytest-timeout,
+    Ctrl-C), the command and every process it started (torchrun's workers, their data workers) die."""
+    process = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=_env(env), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    finally:
+        kill_tree(process)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL to a process still running and to all its descendants; nothing once it has ended."""
+    if process.poll() is not None:
+        return
+    try:
+        root = psutil.Process(process.pid)
+        members = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for member in members:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            member.kill()
+    psutil.wait_procs(members, timeout=10)
+    process.wait()
 
 
 def run_main(args: list, cwd: Path = REPO, nproc: Optional[int] = None, env: Optional[dict] = None,

@@ -49,6 +49,19 @@ def check_positive(config: object, prefix: str, *fields: str) -> None:
         check(value > 0, f"{prefix}.{name}", f"must be positive, got {value}")
 
 
+def check_not_negative(config: object, prefix: str, *fields: str) -> None:
+    """Each named field of config must be zero or more (zero: off)."""
+    for name in fields:
+        value = getattr(config, name)
+        check(value >= 0, f"{prefix}.{name}", f"must not be negative, got {value}")
+
+
+def check_choice(config: object, prefix: str, name: str, choices: tuple) -> None:
+    """The named field of config must be one of choices."""
+    value = getattr(config, name)
+    check(value in choices, f"{prefix}.{name}", f"must be one of {', '.join(choices)}, got {value!r}")
+
+
 class OneLineArgumentParser(argparse.ArgumentParser):
     """argparse whose mistakes are MinGPTErrors: one line and exit 1, like every other error here."""
 

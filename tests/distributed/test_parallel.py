@@ -23,7 +23,8 @@ from state_equality import assert_same_state
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from workers.init_probe import FULL_STATE, PLACEMENTS, SEED, TINY, placed
 
-from mingpt.distributed.parallel import HostBuffers, check_nodes_for_hsdp
+from mingpt.distributed.cpu_collectives import HostBuffers
+from mingpt.distributed.parallel import check_nodes_for_hsdp
 from mingpt.distributed.process_group import DistEnv
 from mingpt.model import GPT
 from mingpt.reporting.errors import ConfigError
@@ -75,7 +76,7 @@ def storage_of(tensor: torch.Tensor) -> int:
 
 
 def test_host_buffers_hand_a_buffer_out_again_only_once_nothing_refers_to_it():
-    """FSDP's collectives on the CPU reuse their block-sized buffers (parallel.HostBuffers): a
+    """FSDP's collectives on the CPU reuse their block-sized buffers (cpu_collectives.HostBuffers): a
     buffer still held, even only through a view of it or a pending work, must not be handed out."""
     buffers = HostBuffers()
     first = buffers.get(1000, torch.float32)

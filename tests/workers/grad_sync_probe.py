@@ -7,7 +7,7 @@ rank, taken whole (grad_accum_steps=1) and as 2 micro-batches of 16 (grad_accum_
 same initial weights, without dropout. Each backward pass counts the gradient collectives it
 issued: DDP's all-reduces through a comm hook, FSDP's reduce-scatters (and any all-reduce) by
 counting calls of torch.distributed's functions and, on the CPU, of the all_to_all reduce-scatter
-FSDP is given there (parallel.AllToAllReduceScatter). Writes OUT_DIR/syncs_rank{N}.json (per method and
+FSDP is given there (cpu_collectives.AllToAllReduceScatter). Writes OUT_DIR/syncs_rank{N}.json (per method and
 accumulation: the collectives of each micro-batch's backward pass) and, from rank 0,
 OUT_DIR/{method}_accum{n}.pt (the full model and optimizer state after the step).
 
@@ -27,7 +27,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from mingpt import trainer as trainer_module
 from mingpt.char_dataset import CharDataset
-from mingpt.distributed import parallel
+from mingpt.distributed import cpu_collectives
 from mingpt.distributed.activation_checkpointing import saved_activations
 from mingpt.distributed.parallel import gather_full_state
 from mingpt.distributed.process_group import distributed_session
@@ -50,12 +50,12 @@ class CollectiveCount:
 
     def patch_torch_distributed(self) -> None:
         """FSDP calls torch.distributed's functions through the module: count every reducing one,
-        and the reduce-scatter parallel.py gives FSDP on the CPU (an all_to_all, which FSDP's
+        and the reduce-scatter cpu_collectives.py gives FSDP on the CPU (an all_to_all, which FSDP's
         all-gathers use too, so all_to_all itself is not counted)."""
         for name in REDUCING:
             if hasattr(dist, name):
                 setattr(dist, name, self._counting(getattr(dist, name)))
-        reduce_scatter = parallel.AllToAllReduceScatter
+        reduce_scatter = cpu_collectives.AllToAllReduceScatter
         reduce_scatter.__call__ = self._counting(reduce_scatter.__call__)
 
     def _counting(self, function):
