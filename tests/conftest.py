@@ -1,5 +1,7 @@
 """Fixtures shared by the tests (helpers.py holds the plain functions)."""
 import contextlib
+import signal
+import warnings
 from pathlib import Path
 
 import psutil
@@ -46,13 +48,23 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
+GUARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
 @pytest.fixture(autouse=True)
 def no_process_outlives_its_test():
     """Every process a test started and left running (a worker of a failed or timed-out run, a server
-    of its own) is killed when the test ends; those of wider fixtures were there before it began."""
+    of its own) is killed when the test ends; those of wider fixtures were there before it began.
+    Signal handlers a test changed in this process are put back (its children would inherit them:
+    an ignored SIGINT makes Ctrl-C tests of later tests hang), with a warning naming the test."""
     me = psutil.Process()
     before = {child.pid for child in me.children(recursive=True)}
+    handlers = {number: signal.getsignal(number) for number in GUARDED_SIGNALS}
     yield
+    for number, handler in handlers.items():
+        if signal.getsignal(number) != handler:
+            signal.signal(number, handler)
+            warnings.warn(f"the test changed the {signal.Signals(number).name} handler; put back")
     strays = [child for child in me.children(recursive=True) if child.pid not in before]
     for stray in strays:
         with contextlib.suppress(psutil.NoSuchProcess):

@@ -16,7 +16,8 @@ PART = 5 * 2**20
 """s3fs's smallest write block size (S3's smallest multipart part); s3fs's default is 50 MiB."""
 
 SAVE_PAST_ONE_PART = """
-import sys, time, torch
+import signal, sys, time, torch
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C's own, whatever the parent ignores
 from mingpt.storage import snapshot as s
 def one_part_then_hang(obj, f):
     f.write(b"PK" + bytes({part}))  # past the block size: s3fs uploads a part before returning
