@@ -1,12 +1,13 @@
 """Fixtures shared by the tests (helpers.py holds the plain functions)."""
 import contextlib
 import signal
+import subprocess
 import warnings
 from pathlib import Path
 
 import psutil
 import pytest
-from helpers import make_text
+from helpers import MINGPT, assert_ok, make_text, run_main, tiny_overrides
 from s3_server import S3Server, start_s3_server
 
 
@@ -16,6 +17,18 @@ def text_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("data") / "input.txt"
     path.write_text(make_text(6000))
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_epoch(text_file, tmp_path_factory) -> subprocess.CompletedProcess:
+    """One epoch of the tiny model in one process, run as a user inside mingpt/ runs it (`python
+    main.py`). The tests that need just a trained snapshot share this run (tiny_epoch.snapshot);
+    one that alters the snapshot alters a copy."""
+    snapshot = tmp_path_factory.mktemp("tiny_epoch") / "snap.pt"
+    result = run_main(tiny_overrides(text_file, snapshot), cwd=MINGPT, script="main.py")
+    assert_ok(result)
+    result.snapshot = snapshot
+    return result
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from helpers import MINGPT, REPO, assert_ok, run, run_main, tiny_overrides
+from helpers import MINGPT, REPO, assert_ok, run
 
 from mingpt import generate
 
@@ -19,11 +19,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def snapshot(text_file, tmp_path_factory):
-    """A snapshot after one epoch of a tiny model on the generated text."""
-    path = tmp_path_factory.mktemp("trained") / "snap.pt"
-    assert_ok(run_main(tiny_overrides(text_file, path)))
-    return path
+def snapshot(tiny_epoch):
+    """A snapshot after one epoch of a tiny model on the generated text (read, never altered)."""
+    return tiny_epoch.snapshot
 
 
 def run_generate(*args, cwd=REPO, script=MINGPT / "generate.py"):

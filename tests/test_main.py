@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import (
-    MINGPT,
     REPO,
     RunsCode,
     assert_ok,
@@ -25,7 +24,13 @@ from helpers import (
 from mingpt.storage.snapshot import read_snapshot
 
 
+def eval_summaries(output: str) -> int:
+    """The eval passes' closing lines (a mean over every rank's samples), not the per-batch ones."""
+    return output.count("| Eval Loss") - len(losses(output, "Eval"))
+
+
 def test_trains_snapshots_and_resumes_after_the_finished_epoch(text_file, tmp_path):
+    """Then, resumed: one eval per epoch, and a snapshot every save_every=2 epochs only."""
     snapshot = tmp_path / "snap.pt"
     first = run_main(tiny_overrides(text_file, snapshot, trainer_config__log_every=10))
     assert_ok(first)
@@ -35,27 +40,21 @@ def test_trains_snapshots_and_resumes_after_the_finished_epoch(text_file, tmp_pa
     assert "Snapshot not found. Training model from scratch" in first.stdout
     assert "Snapshot saved at epoch 1" in first.stdout
     assert torch.load(snapshot, weights_only=True)["finished_epoch"] == 1
+    assert eval_summaries(first.stdout) == 1
 
-    second = run_main(tiny_overrides(text_file, snapshot, trainer_config__max_epochs=2))
+    second = run_main(tiny_overrides(text_file, snapshot, trainer_config__max_epochs=3,
+                                     trainer_config__save_every=2))
     assert_ok(second)
     assert "Resuming training from snapshot at Epoch 1" in second.stdout
-    assert {epoch for _, epoch, _, _ in losses(second.stdout)} == {2}
+    assert {epoch for _, epoch, _, _ in losses(second.stdout)} == {2, 3}
     assert losses(second.stdout)[0][3] < train[0][3] - 0.5, "resumed from scratch weights"
+    assert eval_summaries(second.stdout) == 2
+    assert second.stdout.count("Snapshot saved") == 1  # at epoch 2; epoch 3 is not a multiple of 2
     assert torch.load(snapshot, weights_only=True)["finished_epoch"] == 2
 
 
-def test_runs_from_inside_mingpt(text_file, tmp_path):
-    result = run_main(tiny_overrides(text_file, tmp_path / "snap.pt"), cwd=MINGPT, script="main.py")
-    assert_ok(result)
-    assert "Snapshot saved at epoch 1" in result.stdout
-
-
-def test_eval_loss_is_logged_once_per_epoch(text_file, tmp_path):
-    result = run_main(tiny_overrides(text_file, tmp_path / "snap.pt", trainer_config__max_epochs=2,
-                                     trainer_config__save_every=2))
-    assert_ok(result)
-    assert result.stdout.count("| Eval Loss") - len(losses(result.stdout, "Eval")) == 2
-    assert result.stdout.count("Snapshot saved") == 1  # epoch 2 only
+def test_runs_from_inside_mingpt(tiny_epoch):
+    assert "Snapshot saved at epoch 1" in tiny_epoch.stdout and tiny_epoch.snapshot.exists()
 
 
 def test_cfg_job_prints_the_config_without_training():
@@ -235,11 +234,9 @@ def test_a_fresh_clone_trains_on_the_committed_corpus_with_no_network(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def trained_once(text_file, tmp_path_factory):
+def trained_once(tiny_epoch):
     """One trained snapshot for the tests below, which each alter a copy of it."""
-    snapshot = tmp_path_factory.mktemp("trained") / "snap.pt"
-    assert_ok(run_main(tiny_overrides(text_file, snapshot)))
-    return snapshot
+    return tiny_epoch.snapshot
 
 
 def shrink_head(state: dict) -> None:

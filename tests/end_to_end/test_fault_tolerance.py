@@ -133,10 +133,8 @@ def stop_with(cmd: list, number: int, everyone: bool = True, env: Optional[dict]
 
 
 @pytest.fixture(scope="module")
-def unbroken_one_process(text_file, tmp_path_factory):
-    snapshot = tmp_path_factory.mktemp("unbroken1") / "snap.pt"
-    assert_ok(run([sys.executable, MAIN, *tiny_overrides(text_file, snapshot)]))
-    return final_state(snapshot)
+def unbroken_one_process(tiny_epoch):
+    return final_state(tiny_epoch.snapshot)
 
 
 def assert_stopped_and_saved(output: str, snapshot, signal_name: str = "SIGTERM") -> int:
