@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from unittest import mock
 
-import torch  # noqa: E402  (common puts mingpt/ on the path first)
+import torch
 import torch.nn.functional as F
 from common import RESULTS, benchmark_trainer, save_json
 

@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch  # noqa: E402  (common puts mingpt/ on the path first)
+import torch
 from common import (
     RESULTS,
     add_shared_arguments,

@@ -14,7 +14,7 @@ Trainer. What a fair baseline is depends on the device:
 import argparse
 from pathlib import Path
 
-import torch  # noqa: E402  (common puts mingpt/ on the path first)
+import torch
 from common import (
     RESULTS,
     add_shared_arguments,

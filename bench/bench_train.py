@@ -45,7 +45,7 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-import torch  # noqa: E402  (common puts mingpt/ on the path first)
+import torch
 from common import (
     RESULTS,
     cpu_name,

@@ -1,0 +1,44 @@
+"""The layout's promises (docs/ARCHITECTURE.md): the project imports as a package, one module talks to
+fsspec, the snapshot format needs no FSDP, and the commands run as scripts without shadowing anything."""
+import importlib.metadata
+import re
+import subprocess
+import sys
+
+from helpers import MINGPT, REPO
+
+SOURCE_FOLDERS = ("mingpt", "bench", "tests")
+
+
+def python_files(*folders: str) -> list:
+    return [path for folder in folders for path in (REPO / folder).rglob("*.py")]
+
+
+def test_no_code_edits_the_import_path():
+    """The project is installed (pip install -e .): no file reaches for its modules by sys.path."""
+    edits = re.compile(r"sys\.path\.(insert|append)|PYTHONPATH=str\(MINGPT\)")
+    offenders = [str(path.relative_to(REPO)) for path in python_files(*SOURCE_FOLDERS)
+                 if path.name != "test_layout.py" and edits.search(path.read_text())]
+    assert offenders == []
+
+
+def test_only_the_storage_door_imports_fsspec():
+    imports = re.compile(r"^\s*(import fsspec|from fsspec)", re.M)
+    importers = [str(path.relative_to(REPO)) for path in python_files("mingpt")
+                 if imports.search(path.read_text())]
+    assert importers == ["mingpt/storage/files.py"]
+
+
+def test_generating_text_loads_no_fsdp():
+    code = "import sys, mingpt.generate; print('torch.distributed.fsdp' in sys.modules)"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "False"
+
+
+def test_no_name_at_the_top_of_mingpt_shadows_a_module_others_import():
+    """`python main.py` puts mingpt/ first on the import path: a mingpt/logging.py would replace the
+    standard library's logging for torch and everyone else."""
+    names = {path.stem for path in MINGPT.glob("*.py")} | {path.name for path in MINGPT.iterdir()
+                                                           if (path / "__init__.py").exists()}
+    installed = set(importlib.metadata.packages_distributions())
+    assert names & (set(sys.stdlib_module_names) | installed) == set()
