@@ -43,13 +43,13 @@ from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, all_red
 from mingpt.model import OptimizerConfig, create_optimizer, learning_rate_at
 from mingpt.reporting.errors import check, check_choice, check_not_negative, check_positive
 from mingpt.reporting.flops import peak_flops
-from mingpt.reporting.logger import clear_status, log
 from mingpt.reporting.metrics import MetricsLog, default_metrics_path
 from mingpt.reporting.monitor import TrainingMonitor
+from mingpt.reporting.run_report import RunReport
 from mingpt.storage.checkpointer import SNAPSHOT_FORMATS, Checkpointer, SnapshotPolicy
 from mingpt.storage.files import check_writable, parent_folder
 from mingpt.storage.snapshot import Snapshot
-from mingpt.tokens.data_loader import make_dataloader
+from mingpt.tokens.data_loader import rank_loaders
 
 __all__ = ["Trainer", "TrainerConfig", "Snapshot"]
 
@@ -185,29 +185,27 @@ class Trainer:
         fsdp_casts = computes_in_precision(self.model)
         self.autocast = contextlib.nullcontext if fsdp_casts else self.precision.autocast
         # A training batch holds a whole optimizer step: grad_accum_steps micro-batches.
-        self.train_loader = self._dataloader(train_dataset, config.batch_size * config.grad_accum_steps,
-                                             shuffle=True)
-        self.test_loader = self._test_loader(test_dataset) if test_dataset else None
+        self.train_loader, self.test_loader = rank_loaders(
+            train_dataset, test_dataset, config.batch_size, config.grad_accum_steps, config.eval_batches,
+            config.data_loader_workers, config.seed, env, handled_signals(config.stop_signals))
         self.checkpointer = Checkpointer(snapshot_policy(config), env, vocab)
         metrics_path = config.metrics_path or default_metrics_path(config.snapshot_path)
         if env.is_main:
             check_writable(parent_folder(metrics_path), "trainer_config.metrics_path")
-        self.metrics = MetricsLog(metrics_path, active=env.is_main, tensorboard_dir=config.tensorboard_dir)
+        metrics = MetricsLog(metrics_path, active=env.is_main, tensorboard_dir=config.tensorboard_dir)
         self.agreement: Optional[StepAgreement] = None
         """Stop signals and the snapshot timer, while train() runs."""
         self.progress = self.checkpointer.resume(self.model, self.optimizer, self.scaler)
-        self.metrics.start(resumed_step=self.progress.step)
+        metrics.start(resumed_step=self.progress.step)
         self.steps_per_epoch = len(self.train_loader)
         self.total_steps = self._planned_steps()
         self.monitor = TrainingMonitor(
             flops_per_token=unwrap(self.model).flops_per_token(),
             peak_flops=peak_flops(env.device, self.precision.matmul_dtype) if env.is_main else None,
-            world_size=env.world_size,
-            total_steps=self.total_steps,
+            world_size=env.world_size, total_steps=self.total_steps,
             max_epochs=None if config.max_steps else config.max_epochs,
-            interval_s=config.progress_interval_s,
-            active=env.is_main,
-        )
+            interval_s=config.progress_interval_s, active=env.is_main)
+        self.report = RunReport(metrics, self.monitor, env.rank, config.log_every)
 
     def summary(self) -> list[str]:
         """The run as it starts: model, world, memory, batch and snapshot lines."""
@@ -244,8 +242,7 @@ class Trainer:
                     self._end_epoch(epoch)
             self._snapshot_if_due(run_ended=True)
             self.checkpointer.finish()
-        clear_status()
-        self.metrics.close()
+        self.report.close()
 
     def _end_epoch(self, epoch: int) -> None:
         self._snapshot_if_due(epoch_ended=True)
@@ -279,26 +276,8 @@ class Trainer:
             agreement.close()
             self.agreement = None  # its group and signal handlers are gone: saves after train() go without it
 
-    def _dataloader(self, dataset: Dataset, batch_size: int, shuffle: bool, limit: Optional[int] = None):
-        return make_dataloader(dataset, batch_size, self.config.data_loader_workers, self.env,
-                               shuffle=shuffle, seed=self.config.seed, limit=limit,
-                               signals_for_training=handled_signals(self.config.stop_signals))
-
-    def _test_loader(self, dataset: Dataset):
-        """The whole test split in order, or a fixed seeded subset of eval_batches batches per rank."""
-        if not self.config.eval_batches:
-            return self._dataloader(dataset, self.config.batch_size, shuffle=False)
-        limit = self.config.eval_batches * self.config.batch_size * self.env.world_size
-        return self._dataloader(dataset, self.config.batch_size, shuffle=True, limit=limit)
-
     def _to_device(self, batch: list[torch.Tensor]) -> list[torch.Tensor]:
         return [t.to(self.env.device, non_blocking=True) for t in batch]
-
-    def _log_loss(self, kind: str, epoch: int, iteration: int, loss: torch.Tensor) -> None:
-        if iteration % self.config.log_every == 0:
-            # .item() waits for the device: do it only when printing.
-            log.info(f"[GPU{self.env.rank}] Epoch {epoch} | Iter {iteration} | {kind} Loss {loss.item():.5f}")
-            self.metrics.flush()
 
     def _start_epoch(self, epoch: int) -> int:
         """Set up the sampler and RNG for epoch; return the step it starts at (0 unless resuming)."""
@@ -315,22 +294,19 @@ class Trainer:
         """Train the rest of epoch, or until the step budget is spent (the epoch then stays open)."""
         self.model.train()
         first_step = self._start_epoch(epoch)
-        self.monitor.restart_window()
+        self.report.pause()
         for iteration, batch in enumerate(self.train_loader, start=first_step):
             inputs, targets = self._to_device(batch)
             loss = self.train_step(inputs, targets)
             self._advance(len(inputs))
-            self.monitor.update(epoch, self.progress.step, self.progress.tokens, loss)
-            self.metrics.record("train", loss, epoch=epoch, iter=iteration, step=self.progress.step,
-                                tokens=self.progress.tokens, lr=self.optimizer.param_groups[0]["lr"],
-                                tokens_per_s=self.monitor.tokens_per_s, mfu=self.monitor.mfu)
-            self._log_loss("Train", epoch, iteration, loss)
+            lr = self.optimizer.param_groups[0]["lr"]
+            self.report.train_step(epoch, iteration, self.progress, loss, lr)
             self._after_step(epoch)
             if self._budget_spent():
                 break
         else:
             self.progress.finished_epoch, self.progress.epoch_step, self.progress.epoch_samples = epoch, 0, 0
-        self.metrics.flush()
+        self.report.flush()
 
     def _advance(self, batch_len: int) -> None:
         """Count a step of batch_len samples on each rank (every rank's batch has the same length)."""
@@ -350,13 +326,13 @@ class Trainer:
         step = self.progress.step
         if self.config.eval_every_steps and step % self.config.eval_every_steps == 0 and self.test_loader:
             self.evaluate(epoch)
-            self.monitor.restart_window()
+            self.report.pause()
 
     def _stop(self, decision: Decision) -> None:
         """The stop's snapshot is taken; once it is written, every rank raises RunStopped."""
         self.checkpointer.finish()  # "saved" below means written
-        clear_status()
-        log.info(f"Stopping on {decision.stop_signal_name}: snapshot saved at step {self.progress.step}")
+        step = self.progress.step
+        self.report.close(f"Stopping on {decision.stop_signal_name}: snapshot saved at step {step}")
         raise RunStopped(decision.stop_signal)
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -412,14 +388,10 @@ class Trainer:
             loss = self.compute_loss(inputs, targets)
             totals[0] += loss.float() * len(inputs)
             totals[1] += len(inputs)
-            self._log_loss("Eval", epoch, iteration, loss)
+            self.report.loss_line("Eval", epoch, iteration, loss)
         loss_sum, count = all_reduce_sum(totals)
         mean_loss = loss_sum / count
-        self.metrics.record("eval", mean_loss, epoch=epoch, step=self.progress.step,
-                            tokens=self.progress.tokens, samples=int(count))
-        self.metrics.flush()
-        log.info(f"[GPU{self.env.rank}] Epoch {epoch} | Eval Loss {mean_loss.item():.5f} "
-                 f"(mean over {int(count)} samples on {self.env.world_size} ranks)")
+        self.report.evaluation(epoch, self.progress, mean_loss, int(count), self.env.world_size)
         self.model.train()
         return mean_loss.item()
 
@@ -431,7 +403,7 @@ class Trainer:
     def save_snapshot(self, when: str) -> None:
         """Take a snapshot of the training state now (every rank calls it), `when` naming the
         moment in the log line; with async_snapshots, checkpointer.finish() waits for its write."""
-        self.metrics.flush()  # the metrics file holds at least what the snapshot covers
+        self.report.flush()  # the metrics file holds at least what the snapshot covers
         self.checkpointer.save(when, self.progress, self.model, self.optimizer, self.scaler)
         if self.agreement is not None:
             self.agreement.saved()

@@ -109,3 +109,22 @@ def make_dataloader(dataset: Dataset, batch_size: int, workers: Optional[int], e
         generator=torch.Generator().manual_seed(seed),
         worker_init_fn=functools.partial(leave_stops_to_training, signals_for_training),
     )
+
+
+def rank_loaders(train: Dataset, test: Optional[Dataset], batch_size: int, grad_accum_steps: int,
+                 eval_batches: int, workers: Optional[int], seed: int, env: DistEnv,
+                 signals_for_training: tuple[int, ...]) -> tuple[DataLoader, Optional[DataLoader]]:
+    """This rank's training and test loaders. A training batch holds a whole optimizer step
+    (grad_accum_steps micro-batches); the test loader gives the whole test split in order, or a fixed
+    seeded subset of eval_batches batches per rank (the same at every evaluation); none without one."""
+    def loader(dataset: Dataset, batch: int, shuffle: bool, limit: Optional[int] = None) -> DataLoader:
+        return make_dataloader(dataset, batch, workers, env, shuffle=shuffle, seed=seed, limit=limit,
+                               signals_for_training=signals_for_training)
+
+    train_loader = loader(train, batch_size * grad_accum_steps, shuffle=True)
+    if not test:  # none, or empty
+        return train_loader, None
+    if not eval_batches:
+        return train_loader, loader(test, batch_size, shuffle=False)
+    subset = eval_batches * batch_size * env.world_size
+    return train_loader, loader(test, batch_size, shuffle=True, limit=subset)
