@@ -190,8 +190,9 @@ class Trainer:
             config.data_loader_workers, config.seed, env, handled_signals(config.stop_signals))
         self.checkpointer = Checkpointer(snapshot_policy(config), env, vocab)
         metrics_path = config.metrics_path or default_metrics_path(config.snapshot_path)
-        if env.is_main:
-            check_writable(parent_folder(metrics_path), "trainer_config.metrics_path")
+        metrics_folder = parent_folder(metrics_path)
+        if env.is_main and metrics_folder != self.checkpointer.folder:  # that one is probed already
+            check_writable(metrics_folder, "trainer_config.metrics_path")
         metrics = MetricsLog(metrics_path, active=env.is_main, tensorboard_dir=config.tensorboard_dir)
         self.agreement: Optional[StepAgreement] = None
         """Stop signals and the snapshot timer, while train() runs."""

@@ -1,5 +1,4 @@
 """Fixtures shared by the tests (helpers.py holds the plain functions)."""
-import contextlib
 import signal
 import subprocess
 import warnings
@@ -7,7 +6,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import MINGPT, assert_ok, make_text, run_main, tiny_overrides
+from helpers import MINGPT, assert_ok, kill_all, make_text, run_main, tiny_overrides
 from s3_server import S3Server, start_s3_server
 
 
@@ -78,8 +77,4 @@ def no_process_outlives_its_test():
         if signal.getsignal(number) != handler:
             signal.signal(number, handler)
             warnings.warn(f"the test changed the {signal.Signals(number).name} handler; put back")
-    strays = [child for child in me.children(recursive=True) if child.pid not in before]
-    for stray in strays:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            stray.kill()
-    psutil.wait_procs(strays, timeout=10)
+    kill_all([child for child in me.children(recursive=True) if child.pid not in before])

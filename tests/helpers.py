@@ -86,14 +86,18 @@ def kill_tree(process: subprocess.Popen) -> None:
         return
     try:
         root = psutil.Process(process.pid)
-        members = [root, *root.children(recursive=True)]
+        kill_all([root, *root.children(recursive=True)])
     except psutil.NoSuchProcess:
         return
-    for member in members:
+    process.wait()
+
+
+def kill_all(processes: list[psutil.Process]) -> None:
+    """SIGKILL to each (those already gone are skipped), then wait until they are gone."""
+    for member in processes:
         with contextlib.suppress(psutil.NoSuchProcess):
             member.kill()
-    psutil.wait_procs(members, timeout=10)
-    process.wait()
+    psutil.wait_procs(processes, timeout=10)
 
 
 def run_main(args: list, cwd: Path = REPO, nproc: Optional[int] = None, env: Optional[dict] = None,

@@ -185,6 +185,17 @@ def test_unwritable_snapshot_folder_fails_cleanly(text_file, tmp_path, async_sna
     assert "Epoch 1 |" not in result.stdout  # refused before training
 
 
+def test_unwritable_metrics_folder_of_its_own_fails_cleanly(text_file, tmp_path):
+    """A metrics file outside the snapshot's folder is probed too (beside it, the snapshot's probe
+    covers it)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    result = run_main(tiny_overrides(text_file, tmp_path / "snap.pt",
+                                     trainer_config__metrics_path=blocker / "metrics.jsonl"))
+    assert "trainer_config.metrics_path: cannot write to" in one_error_line(result)
+    assert "Epoch 1 |" not in result.stdout
+
+
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 
 

@@ -125,7 +125,7 @@ def peak_flops(device: torch.device, dtype: str) -> Optional[float]:
 
 
 CPU_PEAKS_FILE = "cpu_peaks.json"
-"""In the cache folder (prepare_data.cache_folder): measured CPU peaks; delete it to measure again."""
+"""In the cache folder (storage.files.cache_folder): measured CPU peaks; delete it to measure again."""
 
 
 def cpu_peak_flops(dtype: str) -> float:

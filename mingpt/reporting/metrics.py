@@ -68,9 +68,10 @@ class MetricsLog:
             self._tensorboard.close()
 
     def _read(self) -> list[dict[str, Any]]:
-        if not files.exists(self.path):
+        try:
+            text = files.read_bytes(self.path).decode()
+        except FileNotFoundError:  # no run has written it yet
             return []
-        text = files.read_bytes(self.path).decode()
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 

@@ -5,13 +5,12 @@ and calls the functions below, which answer "is this remote?" one way, treat loc
 everywhere (folders made, fsync before rename, appends in place) and raise the filesystem's own
 exceptions: the caller knows which config key to name in its one-line error.
 """
-import contextlib
 import os
 import posixpath
 import re
 import uuid
 from pathlib import Path
-from typing import IO, Callable, Iterator, Optional
+from typing import IO, Callable, Optional
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -48,11 +47,6 @@ def _make_folder(fs: fsspec.AbstractFileSystem, folder: str) -> None:
         fs.makedirs(folder, exist_ok=True)
 
 
-def make_folder(url: str) -> None:
-    fs, folder = _resolve(url)
-    _make_folder(fs, folder)
-
-
 def exists(url: str) -> bool:
     fs, path = _resolve(url)
     return fs.exists(path)
@@ -75,10 +69,9 @@ def read_bytes(url: str) -> bytes:
     return fs.cat_file(path)
 
 
-@contextlib.contextmanager
-def open_file(url: str, mode: str = "rb") -> Iterator[IO]:
-    with fsspec.open(url, mode) as f:
-        yield f
+def open_file(url: str, mode: str = "rb") -> fsspec.core.OpenFile:
+    """A file to use in a `with` block: local, or streamed from or to any fsspec URL."""
+    return fsspec.open(url, mode)
 
 
 def append_text(url: str, text: str) -> None:

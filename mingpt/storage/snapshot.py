@@ -111,9 +111,9 @@ def read_snapshot(path: str, key: str = TRAINING_KEY) -> Optional[Snapshot]:
     """The snapshot at path, None if there is none; SnapshotError if it is not a usable one."""
     advice = f"move it away or set {key} to another location"
     try:
-        if not files.exists(path):
-            return None
         buffer = io.BytesIO(files.read_bytes(path))  # whole, then parsed: faster than a remote file object
+    except FileNotFoundError:
+        return None
     except Exception as e:
         raise SnapshotError(f"cannot read snapshot {path} ({short_reason(e)}); check {key} "
                             "and its credentials") from None

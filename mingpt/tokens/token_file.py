@@ -32,7 +32,6 @@ import numpy as np
 
 from mingpt.reporting.errors import DataError
 from mingpt.storage import files
-from mingpt.storage.files import cache_folder
 
 MAGIC = b"MINGPT-TOKENS\x01"
 VERSION = 1
@@ -347,7 +346,7 @@ def token_file_for(source: str, cache_dir: Optional[str] = None) -> Path:
         key = source
     digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
     basename = Path(key.rstrip("/")).name or "text"
-    return cache_folder(cache_dir) / f"{basename}-{digest}.tokens"
+    return files.cache_folder(cache_dir) / f"{basename}-{digest}.tokens"
 
 
 def prepare(source: str, cache_dir: Optional[str] = None) -> tuple[Path, bool]:
