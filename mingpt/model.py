@@ -274,6 +274,12 @@ class GPT(nn.Module):
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
         return logits, loss
 
+    def describe(self) -> str:
+        cfg = self.config
+        params = sum(p.numel() for p in self.parameters())  # global counts, sharded or not
+        return (f"GPT {params / 1e6:.2f}M parameters ({cfg.n_layer} layers, {cfg.n_head} heads, "
+                f"{cfg.n_embd} wide, block {cfg.block_size})")
+
     def flops_per_token(self) -> int:
         """Training FLOPs per token: 6 per matmul weight, plus causal attention.
 

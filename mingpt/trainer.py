@@ -17,37 +17,18 @@ import torch
 import torch.nn as nn
 from torch.utils.data import Dataset
 
+from mingpt.distributed import control, parallel
 from mingpt.distributed.activation_checkpointing import CHECKPOINTING_MODES, checkpoint_blocks
-from mingpt.distributed.control import (
-    Decision,
-    RunStopped,
-    StepAgreement,
-    check_signal_names,
-    handled_signals,
-)
 from mingpt.distributed.memory import check_memory, plan_memory
-from mingpt.distributed.parallel import (
-    METHODS,
-    SHARDED_METHODS,
-    Parallelism,
-    computes_in_precision,
-    fused_optimizer_allowed,
-    grad_scaler,
-    gradient_sync,
-    local_parameter_bytes,
-    parallelize,
-    unwrap,
-)
 from mingpt.distributed.precision import AMP_DTYPES, resolve_precision
 from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, all_reduce_sum
 from mingpt.model import OptimizerConfig, create_optimizer, learning_rate_at
 from mingpt.reporting.errors import check, check_choice, check_not_negative, check_positive
 from mingpt.reporting.flops import peak_flops
-from mingpt.reporting.metrics import MetricsLog, default_metrics_path
+from mingpt.reporting.metrics import open_run_metrics
 from mingpt.reporting.monitor import TrainingMonitor
 from mingpt.reporting.run_report import RunReport
 from mingpt.storage.checkpointer import SNAPSHOT_FORMATS, Checkpointer, SnapshotPolicy
-from mingpt.storage.files import check_writable, parent_folder
 from mingpt.storage.snapshot import Snapshot
 from mingpt.tokens.data_loader import rank_loaders
 
@@ -69,9 +50,8 @@ class TrainerConfig:
     compile: bool = False
     """torch.compile the model (a large speed-up on recent GPUs; first steps wait for compilation)."""
     data_loader_workers: Optional[int] = None
-    """DataLoader worker processes per rank; 0 loads in the training process. Unset: the original's
-    4, capped at the CPU cores each rank can spare (data_loader.usable_workers); a number given is
-    used as given."""
+    """DataLoader worker processes per rank (0: load in the training process). Unset: the original's
+    4, capped at the CPU cores each rank can spare (data_loader.usable_workers)."""
     grad_norm_clip: float = 1.0
     snapshot_path: str = "gpt_snapshot.pt"
     """Local path or fsspec URL (s3://...). Ending in .pt: one file; otherwise a folder of them."""
@@ -83,17 +63,14 @@ class TrainerConfig:
     """Also write one when this many minutes have passed since the last (0: off); rank 0's clock
     decides, for every rank at the same step."""
     stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
-    """Signals that stop the run cleanly: every rank finishes its step, a snapshot is written and
-    the process exits with status 75 (control.STOP_EXIT_STATUS)."""
+    """Signals that stop the run cleanly: every rank finishes its step, a snapshot is written, exit 75."""
     keep_last: int = 3
     """Snapshot folders only: how many of the newest snapshots to keep."""
     snapshot_format: str = "single"
-    """single: one file per snapshot, gathered on rank 0. sharded: each rank writes its shard
-    (torch.distributed.checkpoint), for models too large to gather; snapshot_path is a folder."""
+    """single: one file, gathered on rank 0. sharded: a folder, each rank writing its own shard (DCP)."""
     async_snapshots: bool = False
-    """Training waits only while the state is copied (into host memory kept for it: one more copy
-    of the state); a background thread writes the snapshot. "Snapshot saved" is logged once written;
-    a failed write stops every rank with its error."""
+    """Training waits only while the state is copied to host memory (kept: one more copy of the
+    state); a background thread writes it. A failed write stops every rank with its error."""
     use_amp: bool = True
     """Mixed precision: see amp_dtype, and precision.py for what each device does."""
     amp_dtype: str = "float16"
@@ -104,9 +81,8 @@ class TrainerConfig:
     cpu_offload: bool = False
     """fsdp or hsdp only: keep parameters (and optimizer state) in CPU memory."""
     reshard_after_forward: bool = True
-    """fsdp or hsdp only: free each block's gathered parameters after its forward pass and gather
-    them again for the backward pass (the least memory; False keeps them, one all-gather fewer per
-    block and step, for up to a whole unsharded copy of the parameters until the backward pass)."""
+    """fsdp or hsdp only: free each block's gathered parameters after its forward pass (the least
+    memory); False keeps them until the backward pass, one all-gather fewer per block and step."""
     activation_checkpointing: str = "none"
     """none, or full: keep only each transformer block's input for the backward pass and recompute
     the block's activations there (about a third more compute for much less activation memory)."""
@@ -138,104 +114,104 @@ class TrainerConfig:
                            "eval_every_steps", "eval_batches")
         if self.data_loader_workers is not None:
             check_not_negative(self, "trainer_config", "data_loader_workers")
-        for key, choices in (("snapshot_format", SNAPSHOT_FORMATS), ("distributed_method", METHODS),
+        for key, choices in (("snapshot_format", SNAPSHOT_FORMATS), ("distributed_method", parallel.METHODS),
                              ("activation_checkpointing", CHECKPOINTING_MODES), ("amp_dtype", AMP_DTYPES)):
             check_choice(self, "trainer_config", key, choices)
         check(bool(self.snapshot_path), "trainer_config.snapshot_path", "must not be empty")
         check(self.snapshot_format == "single" or not self.snapshot_path.endswith(".pt"),
               "trainer_config.snapshot_path", "sharded snapshots need a folder, not a .pt file")
-        sharded = self.distributed_method in SHARDED_METHODS
+        sharded = self.distributed_method in parallel.SHARDED_METHODS
         check(not self.cpu_offload or sharded, "trainer_config.cpu_offload",
               "offloads shards; set trainer_config.distributed_method=fsdp or hsdp, or cpu_offload=False")
         check(self.reshard_after_forward or sharded, "trainer_config.reshard_after_forward",
               "applies to sharded methods; set trainer_config.distributed_method=fsdp or hsdp, "
               "or leave it True")
-        check_signal_names(self.stop_signals, "trainer_config.stop_signals")
+        control.check_signal_names(self.stop_signals, "trainer_config.stop_signals")
+
+    def snapshot_policy(self) -> SnapshotPolicy:
+        return SnapshotPolicy(path=self.snapshot_path, snapshot_format=self.snapshot_format,
+                              keep_last=self.keep_last, async_snapshots=self.async_snapshots,
+                              every_epochs=self.save_every, every_steps=self.save_every_steps,
+                              every_minutes=self.save_every_minutes, save_last_step=self.max_steps > 0)
 
 
 class Trainer:
-    def __init__(
-        self,
-        config: TrainerConfig,
-        model: nn.Module,
-        optimizer_config: OptimizerConfig,
-        train_dataset: Dataset,
-        test_dataset: Optional[Dataset],
-        vocab: list[str],
-        env: DistEnv,
-    ):
-        self.config = config
-        self.env = env
-        self.vocab = vocab
-        self.block_size = unwrap(model).config.block_size
+    def __init__(self, config: TrainerConfig, model: nn.Module, optimizer_config: OptimizerConfig,
+                 train_dataset: Dataset, test_dataset: Optional[Dataset], vocab: list[str], env: DistEnv):
+        self.config, self.optimizer_config, self.env, self.vocab = config, optimizer_config, env, vocab
+        self.block_size = model.config.block_size
+        self._place(model)
+        # A training batch holds a whole optimizer step: grad_accum_steps micro-batches.
+        self.train_loader, self.test_loader = rank_loaders(
+            train_dataset, test_dataset, config.batch_size, config.grad_accum_steps, config.eval_batches,
+            config.data_loader_workers, config.seed, env, control.handled_signals(config.stop_signals))
+        self.checkpointer = Checkpointer(config.snapshot_policy(), env, vocab)
+        self.agreement: Optional[control.StepAgreement] = None
+        """Stop signals and the snapshot timer, from train() on (closed when it ends)."""
+        self.progress = self.checkpointer.resume(self.model, self.optimizer, self.scaler)
+        self.steps_per_epoch = len(self.train_loader)
+        self.total_steps = self._planned_steps()
+        self.report = self._open_report(model.flops_per_token())
+
+    def _place(self, model: nn.Module) -> None:
+        """Check that the training state fits, then wrap the meta-device model for the configured
+        method (filling in what this rank holds) and build the optimizer and the grad scaler."""
+        config, env = self.config, self.env
         self.precision = resolve_precision(config.use_amp, config.amp_dtype, env.device)
         self.precision.configure_matmuls()
         checkpoint_blocks(model, config.activation_checkpointing)  # before wrapping: FSDP's hooks go outside
         self.memory = plan_memory(sum(p.numel() * p.element_size() for p in model.parameters()),
                                   config.distributed_method, config.cpu_offload, env)
         check_memory(self.memory, env)  # before anything is allocated
-        parallelism = Parallelism(config.distributed_method, config.cpu_offload, config.reshard_after_forward,
-                                  cpu_collectives=env.device.type == "cpu")
-        self.model = parallelize(model, parallelism, self.precision, env, compile=config.compile)
-        self.optimizer_config = optimizer_config
-        self.optimizer = create_optimizer(self.model, optimizer_config,
-                                          allow_fused=fused_optimizer_allowed(self.model, self.precision))
-        self.scaler = grad_scaler(self.model, self.precision, env)
+        method = parallel.Parallelism(config.distributed_method, config.cpu_offload,
+                                      config.reshard_after_forward, cpu_collectives=env.device.type == "cpu")
+        self.model = parallel.parallelize(model, method, self.precision, env, compile=config.compile)
+        fused = parallel.fused_optimizer_allowed(self.model, self.precision)
+        self.optimizer = create_optimizer(self.model, self.optimizer_config, allow_fused=fused)
+        self.scaler = parallel.grad_scaler(self.model, self.precision, env)
         # FSDP (and HSDP) casts parameters itself; autocast on top would only add casts.
-        fsdp_casts = computes_in_precision(self.model)
+        fsdp_casts = parallel.computes_in_precision(self.model)
         self.autocast = contextlib.nullcontext if fsdp_casts else self.precision.autocast
-        # A training batch holds a whole optimizer step: grad_accum_steps micro-batches.
-        self.train_loader, self.test_loader = rank_loaders(
-            train_dataset, test_dataset, config.batch_size, config.grad_accum_steps, config.eval_batches,
-            config.data_loader_workers, config.seed, env, handled_signals(config.stop_signals))
-        self.checkpointer = Checkpointer(snapshot_policy(config), env, vocab)
-        metrics_path = config.metrics_path or default_metrics_path(config.snapshot_path)
-        metrics_folder = parent_folder(metrics_path)
-        if env.is_main and metrics_folder != self.checkpointer.folder:  # that one is probed already
-            check_writable(metrics_folder, "trainer_config.metrics_path")
-        metrics = MetricsLog(metrics_path, active=env.is_main, tensorboard_dir=config.tensorboard_dir)
-        self.agreement: Optional[StepAgreement] = None
-        """Stop signals and the snapshot timer, while train() runs."""
-        self.progress = self.checkpointer.resume(self.model, self.optimizer, self.scaler)
+
+    def _open_report(self, flops_per_token: int) -> RunReport:
+        """Loss lines, progress (tokens/s, MFU, ETA) and metrics, said and written by rank 0."""
+        config, env = self.config, self.env
+        metrics = open_run_metrics(config.metrics_path, config.snapshot_path, config.tensorboard_dir,
+                                   active=env.is_main, probed_folder=self.checkpointer.folder)
         metrics.start(resumed_step=self.progress.step)
-        self.steps_per_epoch = len(self.train_loader)
-        self.total_steps = self._planned_steps()
-        self.monitor = TrainingMonitor(
-            flops_per_token=unwrap(self.model).flops_per_token(),
+        monitor = TrainingMonitor(
+            flops_per_token=flops_per_token,
             peak_flops=peak_flops(env.device, self.precision.matmul_dtype) if env.is_main else None,
             world_size=env.world_size, total_steps=self.total_steps,
             max_epochs=None if config.max_steps else config.max_epochs,
             interval_s=config.progress_interval_s, active=env.is_main)
-        self.report = RunReport(metrics, self.monitor, env.rank, config.log_every)
+        return RunReport(metrics, monitor, env.rank, config.log_every)
 
     def summary(self) -> list[str]:
         """The run as it starts: model, world, memory, batch and snapshot lines."""
-        gpt, tc, env = unwrap(self.model).config, self.config, self.env
-        params = sum(p.numel() for p in self.model.parameters())
+        tc, env = self.config, self.env
         tokens_per_step = tc.batch_size * tc.grad_accum_steps * env.world_size * self.block_size
-        resume = (f"resuming after epoch {self.progress.finished_epoch}, step {self.progress.step}"
-                  if self.progress.step else "starting from scratch")
         budget = f"{tc.max_steps:,} steps in all" if tc.max_steps else f"{tc.max_epochs} epochs"
-        cadences = [f"{tc.save_every} epoch(s)"] + [f"{n} {unit}" for n, unit in (
-            (tc.save_every_steps, "steps"), (tc.save_every_minutes, "minutes")) if n]
+        offload = " with CPU offload" if tc.cpu_offload else ""
         return [
-            f"Model: GPT {params / 1e6:.2f}M parameters ({gpt.n_layer} layers, {gpt.n_head} heads, "
-            f"{gpt.n_embd} wide, block {gpt.block_size})",
+            f"Model: {parallel.unwrap(self.model).describe()}",
             f"World: {env.world_size} process(es) on {env.num_nodes} node(s), {env.backend} on "
-            f"{env.device.type}; {tc.distributed_method}{' with CPU offload' if tc.cpu_offload else ''}; "
-            f"{self.precision}; {local_parameter_bytes(self.model) / 1e6:.1f} MB of parameters per rank",
+            f"{env.device.type}; {tc.distributed_method}{offload}; {self.precision}; "
+            f"{parallel.local_parameter_bytes(self.model) / 1e6:.1f} MB of parameters per rank",
             f"Memory: {self.memory.describe()}",
             f"Batch: {tc.batch_size} per process x {tc.grad_accum_steps} accumulation, "
             f"{tokens_per_step:,} tokens per step, {self.steps_per_epoch:,} steps per epoch, "
             f"{budget}, {self.train_loader.num_workers} data worker(s) per process",
-            f"Snapshots: {tc.snapshot_path} every {' and '.join(cadences)}; {resume}; "
+            f"Snapshots: {self.checkpointer.describe(self.progress)}; "
             f"{', '.join([*tc.stop_signals, 'Ctrl-C'])} stop with a snapshot",
         ]
 
     def train(self) -> None:
         """Epochs until the budget (max_epochs, or max_steps) is spent; raises RunStopped when a
         stop signal ended the run early (after its snapshot)."""
-        with self._step_agreement() as self.agreement, self.checkpointer.finished_on_error():
+        config = self.config
+        agreement = control.StepAgreement(config.stop_signals, config.save_every_minutes, self.env.is_main)
+        with agreement as self.agreement, self.checkpointer.finished_on_error():
             while not self._budget_spent():
                 epoch = self.progress.finished_epoch + 1
                 self._train_epoch(epoch)
@@ -268,15 +244,6 @@ class Trainer:
         later_epochs = max(self.config.max_epochs - self.progress.finished_epoch - 1, 0)
         return self.progress.step + rest_of_epoch + later_epochs * self.steps_per_epoch
 
-    @contextlib.contextmanager
-    def _step_agreement(self):
-        agreement = StepAgreement(self.config.stop_signals, self.config.save_every_minutes, self.env.is_main)
-        try:
-            yield agreement
-        finally:
-            agreement.close()
-            self.agreement = None  # its group and signal handlers are gone: saves after train() go without it
-
     def _to_device(self, batch: list[torch.Tensor]) -> list[torch.Tensor]:
         return [t.to(self.env.device, non_blocking=True) for t in batch]
 
@@ -299,22 +266,16 @@ class Trainer:
         for iteration, batch in enumerate(self.train_loader, start=first_step):
             inputs, targets = self._to_device(batch)
             loss = self.train_step(inputs, targets)
-            self._advance(len(inputs))
+            samples = len(inputs) * self.env.world_size  # every rank's batch has the same length
+            self.progress.advance(samples, tokens=samples * self.block_size)
             lr = self.optimizer.param_groups[0]["lr"]
             self.report.train_step(epoch, iteration, self.progress, loss, lr)
             self._after_step(epoch)
             if self._budget_spent():
                 break
         else:
-            self.progress.finished_epoch, self.progress.epoch_step, self.progress.epoch_samples = epoch, 0, 0
+            self.progress.finish_epoch(epoch)
         self.report.flush()
-
-    def _advance(self, batch_len: int) -> None:
-        """Count a step of batch_len samples on each rank (every rank's batch has the same length)."""
-        self.progress.step += 1
-        self.progress.epoch_step += 1
-        self.progress.epoch_samples += batch_len * self.env.world_size
-        self.progress.tokens += batch_len * self.env.world_size * self.block_size
 
     def _after_step(self, epoch: int) -> None:
         """What every rank agreed on (a snapshot due, a clean stop), then step-cadence evaluation."""
@@ -329,12 +290,12 @@ class Trainer:
             self.evaluate(epoch)
             self.report.pause()
 
-    def _stop(self, decision: Decision) -> None:
+    def _stop(self, decision: control.Decision) -> None:
         """The stop's snapshot is taken; once it is written, every rank raises RunStopped."""
         self.checkpointer.finish()  # "saved" below means written
         step = self.progress.step
         self.report.close(f"Stopping on {decision.stop_signal_name}: snapshot saved at step {step}")
-        raise RunStopped(decision.stop_signal)
+        raise control.RunStopped(decision.stop_signal)
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One optimizer step over a batch of grad_accum_steps micro-batches; returns its mean loss."""
@@ -345,7 +306,7 @@ class Trainer:
         for index, (micro_inputs, micro_targets) in enumerate(micro_batches):
             share = len(micro_inputs) / len(inputs)  # an epoch's last batch may be short
             # The forward pass too: DDP decides there whether the backward pass will all-reduce.
-            with gradient_sync(self.model, enabled=index == len(micro_batches) - 1):
+            with parallel.gradient_sync(self.model, enabled=index == len(micro_batches) - 1):
                 loss = self.compute_loss(micro_inputs, micro_targets)
                 self.backward(loss * share)
             total_loss += loss.detach().float() * share
@@ -396,7 +357,7 @@ class Trainer:
         self.model.train()
         return mean_loss.item()
 
-    def _snapshot_if_due(self, decision: Decision = Decision(), **occasion: bool) -> None:
+    def _snapshot_if_due(self, decision: control.Decision = control.Decision(), **occasion: bool) -> None:
         when = self.checkpointer.due(self.progress, decision, **occasion)
         if when:
             self.save_snapshot(when)
@@ -409,9 +370,3 @@ class Trainer:
         if self.agreement is not None:
             self.agreement.saved()
 
-
-def snapshot_policy(config: TrainerConfig) -> SnapshotPolicy:
-    return SnapshotPolicy(path=config.snapshot_path, snapshot_format=config.snapshot_format,
-                          keep_last=config.keep_last, async_snapshots=config.async_snapshots,
-                          every_epochs=config.save_every, every_steps=config.save_every_steps,
-                          every_minutes=config.save_every_minutes, save_last_step=config.max_steps > 0)

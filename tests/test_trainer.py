@@ -74,7 +74,7 @@ def test_mfu_is_held_against_the_peak_of_the_precision_in_use(monkeypatch, tmp_p
     config = TrainerConfig(use_amp=use_amp, data_loader_workers=0, snapshot_path=str(tmp_path / "s.pt"))
     try:
         trainer = Trainer(config, model, OptimizerConfig(), dataset, None, dataset.vocab, env)
-        assert trainer.monitor.peak_flops == peak
+        assert trainer.report.monitor.peak_flops == peak
     finally:
         flops.peak_flops.cache_clear()
 

@@ -168,6 +168,12 @@ class StepAgreement:
         stop, save, save_failed = wishes.tolist()
         return Decision(stop_signal=stop or None, save=bool(save), save_failed=bool(save_failed))
 
+    def __enter__(self) -> "StepAgreement":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
     def close(self) -> None:
         """Finish the last exchange and give the signals back to their previous handlers."""
         if self._in_flight is not None:

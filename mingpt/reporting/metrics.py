@@ -21,6 +21,17 @@ def default_metrics_path(snapshot_path: str) -> str:
     return snapshot_path.rstrip("/") + "/metrics.jsonl"
 
 
+def open_run_metrics(path: Optional[str], snapshot_path: str, tensorboard_dir: Optional[str],
+                     active: bool, probed_folder: str) -> "MetricsLog":
+    """The run's metrics log, at path or beside the snapshots; its folder is checked for writing at
+    start-up, unless it is probed_folder (the snapshots', which their store checks already)."""
+    path = path or default_metrics_path(snapshot_path)
+    folder = files.parent_folder(path)
+    if active and folder != probed_folder:
+        files.check_writable(folder, "trainer_config.metrics_path")
+    return MetricsLog(path, active, tensorboard_dir)
+
+
 class MetricsLog:
     def __init__(self, path: str, active: bool, tensorboard_dir: Optional[str] = None):
         self.path = path

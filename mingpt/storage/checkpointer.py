@@ -96,6 +96,15 @@ class Checkpointer:
         """Where the snapshots (and the metrics beside them) live."""
         return self.store.folder
 
+    def describe(self, progress: Progress) -> str:
+        """Where snapshots go, how often, and where this run starts."""
+        policy = self.policy
+        cadences = [f"{policy.every_epochs} epoch(s)"] + [f"{n:g} {unit}" for n, unit in (
+            (policy.every_steps, "steps"), (policy.every_minutes, "minutes")) if n]
+        start = (f"resuming after epoch {progress.finished_epoch}, step {progress.step}"
+                 if progress.step else "starting from scratch")
+        return f"{policy.path} every {' and '.join(cadences)}; {start}"
+
     def due(self, progress: Progress, decision: Decision = Decision(), epoch_ended: bool = False,
             run_ended: bool = False) -> Optional[str]:
         """Why a snapshot of progress is due now ("epoch 3", "step 40", ...), or None."""

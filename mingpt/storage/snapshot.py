@@ -52,6 +52,16 @@ class Progress:
     world_size: int = 1
     """Ranks that trained up to here: RNG states are per rank, so they resume at the same count."""
 
+    def advance(self, samples: int, tokens: int) -> None:
+        """Count one optimizer step of samples and tokens over all ranks."""
+        self.step += 1
+        self.epoch_step += 1
+        self.epoch_samples += samples
+        self.tokens += tokens
+
+    def finish_epoch(self, epoch: int) -> None:
+        self.finished_epoch, self.epoch_step, self.epoch_samples = epoch, 0, 0
+
 
 @dataclass
 class Snapshot(Progress):

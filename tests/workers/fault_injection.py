@@ -39,7 +39,8 @@ def fail() -> None:
 
 
 def kill_after(method_name: str, should_die, die=die) -> None:
-    """Wrap Trainer.<method_name> so that the process dies once should_die(trainer, args) holds."""
+    """Wrap Trainer.<method_name> so that the process dies once should_die(trainer, args) holds
+    (train_step returns before the step is counted in trainer.progress)."""
     original = getattr(Trainer, method_name)
 
     def wrapped(self, *args, **kwargs):
@@ -94,7 +95,7 @@ def plant(fault: str) -> None:
     kind, value = fault.split(":")
     number = int(value)
     if kind == "step":
-        kill_after("_advance", lambda trainer, args: trainer.progress.step == number)
+        kill_after("train_step", lambda trainer, args: trainer.progress.step + 1 == number)
     elif kind == "eval":
         kill_after("evaluate", lambda trainer, args: args[0] == number)
     elif kind == "snapshot_write":
@@ -102,7 +103,7 @@ def plant(fault: str) -> None:
     elif kind == "slow_write":
         pause_while_writing(number)
     elif kind == "error":
-        kill_after("_advance", lambda trainer, args: trainer.progress.step == number, die=fail)
+        kill_after("train_step", lambda trainer, args: trainer.progress.step + 1 == number, die=fail)
     else:
         raise ValueError(f"unknown FAULT {fault!r}")
 
