@@ -107,6 +107,28 @@ def run_main(args: list, cwd: Path = REPO, nproc: Optional[int] = None, env: Opt
     return run([*launcher, script, *args], cwd=cwd, env=env)
 
 
+def run_main_in_process(args: list, capsys) -> subprocess.CompletedProcess:
+    """main.py's run() in this process, on the config Hydra composes from args: what a run does up to
+    the point it refuses bad input, without a process's start-up (seconds of imports). Only for runs
+    that refuse before training; the real command line is covered by tests that start main.py."""
+    from hydra import compose, initialize_config_dir
+
+    from mingpt.main import run
+    from mingpt.reporting.logger import log
+
+    with initialize_config_dir(config_dir=str(MINGPT), version_base=None):
+        cfg = compose("gpt2_train_cfg", overrides=[str(arg) for arg in args])
+    capsys.readouterr()
+    try:
+        status = run(cfg)
+    except SystemExit as stop:
+        status = stop.code
+    finally:
+        log.handlers.clear()  # it writes to this test's captured stdout
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(args, status, captured.out, captured.err)
+
+
 def losses(output: str, kind: str = "Train") -> list[tuple[int, int, int, float]]:
     """(rank, epoch, iteration, loss) of each of the original's loss lines of one kind."""
     return [(int(r), int(e), int(i), float(loss))

@@ -17,6 +17,7 @@ from helpers import (
     losses,
     one_error_line,
     run_main,
+    run_main_in_process,
     sha256,
     tiny_overrides,
 )
@@ -93,18 +94,25 @@ def test_multirun_sweeps(text_file, tmp_path):
     ("data_config.block_size=6000", "error: data_config.block_size=6000 is not smaller than the text"),
     ("data_config.path=/nonexistent/input.txt", "error: data_config.path: no such file"),
 ])
-def test_bad_input_is_one_line_naming_the_key(text_file, tmp_path, override, message):
-    result = run_main([*tiny_overrides(text_file, tmp_path / "snap.pt"), override])
+def test_bad_input_is_one_line_naming_the_key(text_file, tmp_path, capsys, override, message):
+    result = run_main_in_process([*tiny_overrides(text_file, tmp_path / "snap.pt"), override], capsys)
     assert one_error_line(result).startswith(message)
     assert not (tmp_path / "snap.pt").exists()
 
 
-def test_a_model_too_large_for_memory_is_refused_before_it_is_built(text_file, tmp_path):
+def test_bad_input_on_the_command_line_exits_1_with_one_line(tmp_path):
+    """The tests around this one refuse in process; here the real command does, from its shell."""
+    result = run_main(tiny_overrides(tmp_path / "missing.txt", tmp_path / "snap.pt"))
+    assert one_error_line(result).startswith("error: data_config.path: no such file")
+    assert not (tmp_path / "snap.pt").exists()
+
+
+def test_a_model_too_large_for_memory_is_refused_before_it_is_built(text_file, tmp_path, capsys):
     """64 layers 8192 wide: 51.5G parameters, 824 GB with gradients and AdamW under DDP, more
     than any machine here has. The model is on the meta device when it is refused, so this takes
     seconds and allocates nothing of that size."""
-    result = run_main(tiny_overrides(text_file, tmp_path / "snap.pt", gpt_config__n_layer=64,
-                                     gpt_config__n_head=64, gpt_config__n_embd=8192))
+    result = run_main_in_process(tiny_overrides(text_file, tmp_path / "snap.pt", gpt_config__n_layer=64,
+                                                gpt_config__n_head=64, gpt_config__n_embd=8192), capsys)
     line = one_error_line(result)
     assert line.startswith("error: trainer_config.distributed_method: ddp needs about 824")
     assert line.endswith(" GB of host memory available; "
@@ -140,18 +148,18 @@ def trained_snapshot(trained_once, tmp_path):
     return snapshot
 
 
-def test_snapshot_of_another_model_is_refused_and_untouched(text_file, trained_snapshot):
+def test_snapshot_of_another_model_is_refused_and_untouched(text_file, trained_snapshot, capsys):
     before = sha256(trained_snapshot)
-    result = run_main(tiny_overrides(text_file, trained_snapshot, gpt_config__n_layer=3))
+    result = run_main_in_process(tiny_overrides(text_file, trained_snapshot, gpt_config__n_layer=3), capsys)
     assert one_error_line(result).startswith("error: snapshot")
     assert "another model: n_layer=2 (config: 3)" in result.stderr
     assert sha256(trained_snapshot) == before
 
 
-def test_snapshot_of_another_vocabulary_is_refused(text_file, tmp_path, trained_snapshot):
+def test_snapshot_of_another_vocabulary_is_refused(text_file, tmp_path, trained_snapshot, capsys):
     other_text = tmp_path / "other.txt"
     other_text.write_text(text_file.read_text().replace("k", "@"))  # as many characters, one differs
-    result = run_main(tiny_overrides(other_text, trained_snapshot))
+    result = run_main_in_process(tiny_overrides(other_text, trained_snapshot), capsys)
     assert "another vocabulary" in one_error_line(result)
 
 
@@ -164,34 +172,35 @@ def test_corrupt_snapshot_is_refused_and_untouched(text_file, trained_snapshot):
 
 
 
-def test_snapshot_whose_pickle_calls_a_function_runs_nothing(text_file, trained_snapshot, tmp_path):
+def test_snapshot_whose_pickle_calls_a_function_runs_nothing(text_file, trained_snapshot, tmp_path, capsys):
     marker = tmp_path / "executed"
     state = torch.load(trained_snapshot, weights_only=True)
     state["vocab"] = RunsCode(marker)
     torch.save(state, trained_snapshot, pickle_module=pickle)
     before = sha256(trained_snapshot)
-    result = run_main(tiny_overrides(text_file, trained_snapshot, trainer_config__max_epochs=2))
+    result = run_main_in_process(tiny_overrides(text_file, trained_snapshot, trainer_config__max_epochs=2),
+                                 capsys)
     assert "cannot be loaded" in one_error_line(result)
     assert not marker.exists() and sha256(trained_snapshot) == before
 
 
 @pytest.mark.parametrize("async_snapshots", [False, True])
-def test_unwritable_snapshot_folder_fails_cleanly(text_file, tmp_path, async_snapshots):
+def test_unwritable_snapshot_folder_fails_cleanly(text_file, tmp_path, capsys, async_snapshots):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    result = run_main(tiny_overrides(text_file, blocker / "snap.pt",
-                                     trainer_config__async_snapshots=async_snapshots))
+    result = run_main_in_process(tiny_overrides(text_file, blocker / "snap.pt",
+                                                trainer_config__async_snapshots=async_snapshots), capsys)
     assert "trainer_config.snapshot_path: cannot write to" in one_error_line(result)
     assert "Epoch 1 |" not in result.stdout  # refused before training
 
 
-def test_unwritable_metrics_folder_of_its_own_fails_cleanly(text_file, tmp_path):
+def test_unwritable_metrics_folder_of_its_own_fails_cleanly(text_file, tmp_path, capsys):
     """A metrics file outside the snapshot's folder is probed too (beside it, the snapshot's probe
     covers it)."""
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    result = run_main(tiny_overrides(text_file, tmp_path / "snap.pt",
-                                     trainer_config__metrics_path=blocker / "metrics.jsonl"))
+    result = run_main_in_process(tiny_overrides(text_file, tmp_path / "snap.pt",
+                                                trainer_config__metrics_path=blocker / "metrics.jsonl"), capsys)
     assert "trainer_config.metrics_path: cannot write to" in one_error_line(result)
     assert "Epoch 1 |" not in result.stdout
 
@@ -270,8 +279,8 @@ def shrink_head_momentum(state: dict) -> None:
     (drop_final_norm, "(ValueError: the snapshot lacks ln_f.weight)"),
     (shrink_head_momentum, "the snapshot's head.weight (exp_avg) is (37, 31), the model's (37, 32)"),
 ], ids=["other-vocabulary", "weight-of-another-shape", "missing-weight", "optimizer-state-of-another-shape"])
-def test_snapshot_that_does_not_fit_is_refused_in_one_line_and_untouched(text_file, tmp_path, trained_once,
-                                                                         alter, message):
+def test_snapshot_that_does_not_fit_is_refused_in_one_line_and_untouched(text_file, tmp_path, capsys,
+                                                                         trained_once, alter, message):
     """The config matches, the vocabulary or the tensors do not."""
     snapshot, data = tmp_path / "snap.pt", text_file
     if alter is None:
@@ -283,7 +292,7 @@ def test_snapshot_that_does_not_fit_is_refused_in_one_line_and_untouched(text_fi
         alter(state)
         torch.save(state, snapshot)
     before = sha256(snapshot)
-    result = run_main(tiny_overrides(data, snapshot, trainer_config__max_epochs=2))
+    result = run_main_in_process(tiny_overrides(data, snapshot, trainer_config__max_epochs=2), capsys)
     line = one_error_line(result)
     assert result.returncode == 1
     assert line.startswith(f"error: snapshot {snapshot} ") and message in line
