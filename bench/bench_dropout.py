@@ -58,7 +58,8 @@ def compare(env, name: str, rounds: int) -> dict:
     ours, theirs = ours[1:], theirs[1:]
     result = {"model": name, "ms_ours": 1e3 * statistics.median(ours),
               "ms_torch": 1e3 * statistics.median(theirs),
-              "speedup": statistics.median(t / o for o, t in zip(ours, theirs))}
+              "speedup": statistics.median(t / o for o, t in zip(ours, theirs)),
+              "rounds_ms": {"ours": [1e3 * s for s in ours], "torch": [1e3 * s for s in theirs]}}
     print(f"{name}: {result['ms_torch']:.1f} ms/step with torch's dropout and attention, "
           f"{result['ms_ours']:.1f} with the project's; speed-up {result['speedup']:.3f}x")
     return result

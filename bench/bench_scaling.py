@@ -35,8 +35,10 @@ def worker(args: argparse.Namespace) -> None:
                                batch_size=args.batch) as trainer:
             elapsed = timed_steps(trainer, args.warmup, args.steps)
             if env.is_main:
-                tokens = args.steps * args.batch * env.world_size * args.block_size
-                emit({"ranks": env.world_size, "tokens_per_s": tokens / elapsed})
+                global_batch = args.batch * env.world_size
+                tokens = args.steps * global_batch * args.block_size
+                emit({"ranks": env.world_size, "threads": torch.get_num_threads(),
+                      "global_batch": global_batch, "tokens_per_s": tokens / elapsed})
 
 
 def parse_args(argv=None) -> argparse.Namespace:

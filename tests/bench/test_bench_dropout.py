@@ -1,7 +1,10 @@
-"""bench/bench_dropout.py: both paths train, and the comparison is reported."""
+"""bench/bench_dropout.py: both paths train, each round is timed, and the figures come from those rounds."""
 import json
+import statistics
 import subprocess
 import sys
+
+import pytest
 
 from helpers import REPO
 
@@ -13,5 +16,10 @@ def test_compares_the_project_path_with_torchs(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     (figures,) = json.loads(report.read_text())["results"]
-    assert figures["ms_ours"] > 0 and figures["ms_torch"] > 0 and figures["speedup"] > 0
+    ours, theirs = figures["rounds_ms"]["ours"], figures["rounds_ms"]["torch"]
+    assert len(ours) == len(theirs) == 2  # the warm-up round is not counted
+    assert figures["ms_ours"] == pytest.approx(statistics.median(ours))
+    assert figures["ms_torch"] == pytest.approx(statistics.median(theirs))
+    assert figures["speedup"] == pytest.approx(statistics.median(t / o for o, t in zip(ours, theirs)))
+    assert 0.2 < figures["speedup"] < 5, figures  # the same model's step both ways: a ratio near 1
     assert "gpt-nano:" in result.stdout and "speed-up" in result.stdout
