@@ -1,12 +1,15 @@
 """Fixtures shared by the tests (helpers.py holds the plain functions)."""
+import shutil
 import signal
-import subprocess
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable
 
 import psutil
 import pytest
-from helpers import MINGPT, assert_ok, kill_all, make_text, run_main, tiny_overrides
+from filelock import FileLock
+from helpers import MINGPT, TORCHRUN, assert_ok, kill_all, make_text, run, run_main, tiny_overrides
 from s3_server import S3Server, start_s3_server
 
 
@@ -18,16 +21,54 @@ def text_file(tmp_path_factory) -> Path:
     return path
 
 
+def once_per_suite(request, tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path:
+    """A folder that make(folder) fills once for the whole suite: pytest-xdist runs a session fixture
+    once per worker, so the first worker to ask makes it (under a lock) and the others wait for it."""
+    if not hasattr(request.config, "workerinput"):  # no xdist: this session is the suite
+        folder = tmp_path_factory.mktemp(name)
+        make(folder)
+        return folder
+    folder = tmp_path_factory.getbasetemp().parent / name  # the session's folder, beside each worker's
+    with FileLock(f"{folder}.lock"):
+        if not (folder / ".made").exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a worker that failed half-way
+            folder.mkdir()
+            make(folder)
+            (folder / ".made").touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
-def tiny_epoch(text_file, tmp_path_factory) -> subprocess.CompletedProcess:
+def shared_text(request, tmp_path_factory) -> Path:
+    """The text of the runs made once per suite (text_file's twin, in a folder every worker sees)."""
+    return once_per_suite(request, tmp_path_factory, "shared_text",
+                          lambda folder: (folder / "input.txt").write_text(make_text(6000))) / "input.txt"
+
+
+@pytest.fixture(scope="session")
+def tiny_epoch(request, shared_text, tmp_path_factory) -> SimpleNamespace:
     """One epoch of the tiny model in one process, run as a user inside mingpt/ runs it (`python
     main.py`). The tests that need just a trained snapshot share this run (tiny_epoch.snapshot);
     one that alters the snapshot alters a copy."""
-    snapshot = tmp_path_factory.mktemp("tiny_epoch") / "snap.pt"
-    result = run_main(tiny_overrides(text_file, snapshot), cwd=MINGPT, script="main.py")
-    assert_ok(result)
-    result.snapshot = snapshot
-    return result
+    def make(folder: Path) -> None:
+        result = run_main(tiny_overrides(shared_text, folder / "snap.pt"), cwd=MINGPT, script="main.py")
+        assert_ok(result)
+        (folder / "stdout.txt").write_text(result.stdout)
+
+    folder = once_per_suite(request, tmp_path_factory, "tiny_epoch", make)
+    return SimpleNamespace(stdout=(folder / "stdout.txt").read_text(), snapshot=folder / "snap.pt")
+
+
+@pytest.fixture(scope="session")
+def ddp_two_epochs(request, shared_text, tmp_path_factory) -> list[Path]:
+    """Two epochs of the tiny model on 2 DDP ranks, a snapshot after each (in a folder: both kept):
+    the unbroken run that fault-tolerance and cross-method tests compare with."""
+    def make(folder: Path) -> None:
+        overrides = tiny_overrides(shared_text, folder / "snaps", trainer_config__max_epochs=2)
+        assert_ok(run([*TORCHRUN, "--standalone", "--nproc_per_node=2", MINGPT / "main.py", *overrides]))
+
+    folder = once_per_suite(request, tmp_path_factory, "ddp_two_epochs", make)
+    return sorted((folder / "snaps").glob("snapshot_*.pt"))
 
 
 @pytest.fixture(scope="session")

@@ -199,8 +199,9 @@ def test_unwritable_metrics_folder_of_its_own_fails_cleanly(text_file, tmp_path,
     covers it)."""
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    result = run_main_in_process(tiny_overrides(text_file, tmp_path / "snap.pt",
-                                                trainer_config__metrics_path=blocker / "metrics.jsonl"), capsys)
+    overrides = tiny_overrides(text_file, tmp_path / "snap.pt",
+                               trainer_config__metrics_path=blocker / "metrics.jsonl")
+    result = run_main_in_process(overrides, capsys)
     assert "trainer_config.metrics_path: cannot write to" in one_error_line(result)
     assert "Epoch 1 |" not in result.stdout
 

@@ -110,19 +110,17 @@ def step_losses(snapshot, epoch=None):
 
 
 @pytest.fixture(scope="module")
-def runs(text_file, tmp_path_factory):
-    """Snapshots and losses of: FSDP for two epochs unbroken, into a snapshot folder whose first
-    epoch's snapshot is also the one-epoch FSDP run's (the learning rate is constant), and DDP for one
-    epoch."""
+def runs(text_file, tmp_path_factory, ddp_two_epochs):
+    """Snapshots and losses of two-epoch runs, FSDP's and DDP's, each into a snapshot folder whose
+    first epoch's snapshot is also a one-epoch run's (the learning rate is constant)."""
     folder = tmp_path_factory.mktemp("runs")
     train(text_file, folder / "fsdp2", "fsdp", epochs=2)
     fsdp1, fsdp2 = sorted((folder / "fsdp2").glob("snapshot_*.pt"))
-    train(text_file, folder / "ddp1.pt", "ddp")
-    return {"fsdp1": fsdp1, "fsdp2": fsdp2, "ddp1": folder / "ddp1.pt"}
+    return {"fsdp1": fsdp1, "fsdp2": fsdp2, "ddp1": ddp_two_epochs[0]}
 
 
 def test_fsdp_losses_match_ddp_step_by_step(runs):
-    fsdp, ddp = step_losses(runs["fsdp1"], epoch=1), step_losses(runs["ddp1"])
+    fsdp, ddp = step_losses(runs["fsdp1"], epoch=1), step_losses(runs["ddp1"], epoch=1)
     assert len(fsdp) == len(ddp) > 50
     assert fsdp[:20] == pytest.approx(ddp[:20], rel=1e-5)
     assert fsdp[-1] < fsdp[0] - 0.5, "FSDP did not train"
