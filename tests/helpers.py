@@ -108,9 +108,10 @@ def run_main(args: list, cwd: Path = REPO, nproc: Optional[int] = None, env: Opt
 
 
 def run_main_in_process(args: list, capsys) -> subprocess.CompletedProcess:
-    """main.py's run() in this process, on the config Hydra composes from args: what a run does up to
-    the point it refuses bad input, without a process's start-up (seconds of imports). Only for runs
-    that refuse before training; the real command line is covered by tests that start main.py."""
+    """main.py's run() in this process, on the config Hydra composes from args: what a run does or
+    refuses, without a process's start-up (seconds of imports), for tests of the run rather than of
+    the command line (tests that start main.py cover that). Its signal handlers and process groups
+    are gone when it returns; a test that trains this way wants the one_torch_thread fixture."""
     from hydra import compose, initialize_config_dir
 
     from mingpt.main import run

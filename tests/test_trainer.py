@@ -1,10 +1,10 @@
-"""Trainer options through main.py in one process: accumulation, schedules, compile, step budgets,
-evaluation and snapshot cadences."""
+"""Trainer options through main.py's run(), in the test's process (compile in a process of its own):
+accumulation, schedules, compile, step budgets, evaluation and snapshot cadences."""
 import re
 
 import pytest
 import torch
-from helpers import assert_ok, run_main, tiny_overrides
+from helpers import assert_ok, run_main, run_main_in_process, tiny_overrides
 
 from mingpt.reporting.errors import ConfigError
 from mingpt.reporting.metrics import default_metrics_path, read_metrics
@@ -13,15 +13,25 @@ from mingpt.trainer import TrainerConfig
 NO_DROPOUT = {"gpt_config__embd_pdrop": 0.0, "gpt_config__resid_pdrop": 0.0, "gpt_config__attn_pdrop": 0.0}
 
 
-def train_lines(text_file, snapshot, **extra):
-    assert_ok(run_main(tiny_overrides(text_file, snapshot, **extra)))
+@pytest.fixture
+def train(text_file, capsys, one_torch_thread):
+    """Train with these overrides in this process; the finished run (its stdout)."""
+    def run(snapshot, **extra):
+        result = run_main_in_process(tiny_overrides(text_file, snapshot, **extra), capsys)
+        assert_ok(result)
+        return result
+    return run
+
+
+def train_lines(train, snapshot, **extra):
+    train(snapshot, **extra)
     return read_metrics(default_metrics_path(str(snapshot)), "train")
 
 
-def test_accumulating_micro_batches_matches_one_big_batch(text_file, tmp_path):
-    whole = train_lines(text_file, tmp_path / "whole.pt", trainer_config__batch_size=32,
+def test_accumulating_micro_batches_matches_one_big_batch(train, tmp_path):
+    whole = train_lines(train, tmp_path / "whole.pt", trainer_config__batch_size=32,
                         trainer_config__max_steps=30, **NO_DROPOUT)
-    split = train_lines(text_file, tmp_path / "split.pt", trainer_config__batch_size=16,
+    split = train_lines(train, tmp_path / "split.pt", trainer_config__batch_size=16,
                         trainer_config__grad_accum_steps=2, trainer_config__max_steps=30, **NO_DROPOUT)
     assert len(split) == len(whole)  # one optimizer step per 32 samples either way
     split_losses, whole_losses = ([line["loss"] for line in run] for run in (split, whole))
@@ -29,8 +39,8 @@ def test_accumulating_micro_batches_matches_one_big_batch(text_file, tmp_path):
     assert split[-1]["tokens"] == whole[-1]["tokens"]
 
 
-def test_cosine_schedule_with_warmup_reaches_the_metrics(text_file, tmp_path):
-    lines = train_lines(text_file, tmp_path / "snap.pt", optimizer_config__lr_schedule="cosine",
+def test_cosine_schedule_with_warmup_reaches_the_metrics(train, tmp_path):
+    lines = train_lines(train, tmp_path / "snap.pt", optimizer_config__lr_schedule="cosine",
                         optimizer_config__warmup_steps=10, optimizer_config__learning_rate=1e-3)
     lrs = [line["lr"] for line in lines]
     assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
@@ -42,7 +52,9 @@ def test_compiled_model_trains_and_snapshots_plain_names(text_file, tmp_path):
     import torch
 
     snapshot = tmp_path / "snap.pt"
-    lines = train_lines(text_file, snapshot, trainer_config__compile=True, trainer_config__max_steps=40)
+    assert_ok(run_main(tiny_overrides(text_file, snapshot, trainer_config__compile=True,
+                                      trainer_config__max_steps=40)))
+    lines = read_metrics(default_metrics_path(str(snapshot)), "train")
     assert lines[-1]["loss"] < lines[0]["loss"] - 0.5
     names = torch.load(snapshot, weights_only=True)["model_state"]
     assert "tok_emb.weight" in names and not any(name.startswith("_orig_mod") for name in names)
@@ -79,11 +91,10 @@ def test_mfu_is_held_against_the_peak_of_the_precision_in_use(monkeypatch, tmp_p
         flops.peak_flops.cache_clear()
 
 
-def test_a_step_budget_ends_mid_epoch_with_a_snapshot_and_sets_the_schedule(text_file, tmp_path):
+def test_a_step_budget_ends_mid_epoch_with_a_snapshot_and_sets_the_schedule(train, tmp_path):
     snapshot = tmp_path / "snap.pt"
-    result = run_main(tiny_overrides(text_file, snapshot, trainer_config__max_epochs=5,
-                                     trainer_config__max_steps=25, optimizer_config__lr_schedule="cosine"))
-    assert_ok(result)
+    result = train(snapshot, trainer_config__max_epochs=5, trainer_config__max_steps=25,
+                   optimizer_config__lr_schedule="cosine")
     lines = read_metrics(default_metrics_path(str(snapshot)), "train")
     assert [line["step"] for line in lines] == list(range(1, 26))  # 169 steps would make an epoch
     assert lines[-1]["lr"] == pytest.approx(3e-4, rel=0.05)  # the cosine floor, reached at step 25
@@ -93,24 +104,21 @@ def test_a_step_budget_ends_mid_epoch_with_a_snapshot_and_sets_the_schedule(text
     assert "Eval Loss" not in result.stdout  # the epoch never ended
 
 
-def test_evaluation_every_n_steps_on_a_fixed_subset(text_file, tmp_path):
+def test_evaluation_every_n_steps_on_a_fixed_subset(train, tmp_path):
     snapshot = tmp_path / "snap.pt"
-    result = run_main(tiny_overrides(text_file, snapshot, trainer_config__max_steps=30,
-                                     trainer_config__eval_every_steps=10, trainer_config__eval_batches=2))
-    assert_ok(result)
+    train(snapshot, trainer_config__max_steps=30, trainer_config__eval_every_steps=10,
+          trainer_config__eval_batches=2)
     evals = read_metrics(default_metrics_path(str(snapshot)), "eval")
     assert [(line["step"], line["samples"]) for line in evals] == [(10, 64), (20, 64), (30, 64)]
     assert evals[-1]["loss"] < evals[0]["loss"]
 
 
-def test_snapshots_every_n_minutes_keep_their_cadence(text_file, tmp_path):
+def test_snapshots_every_n_minutes_keep_their_cadence(train, tmp_path):
     folder = tmp_path / "snaps"
     interval_s = 1.5
-    result = run_main(tiny_overrides(text_file, folder, trainer_config__max_epochs=3,
-                                     trainer_config__keep_last=100, trainer_config__save_every=100,
-                                     trainer_config__log_every=1000,
-                                     trainer_config__save_every_minutes=interval_s / 60))
-    assert_ok(result)
+    result = train(folder, trainer_config__max_epochs=3, trainer_config__keep_last=100,
+                   trainer_config__save_every=100, trainer_config__log_every=1000,
+                   trainer_config__save_every_minutes=interval_s / 60)
     timed = re.findall(r"Snapshot saved at step (\d+) \(0.025 minutes since the last\)", result.stdout)
     saved = sorted(folder.glob("snapshot_*.pt"), key=lambda p: p.stat().st_mtime)
     assert len(timed) >= 2 and len(saved) == len(timed), result.stdout
