@@ -1,4 +1,5 @@
-"""main.py end to end in one process (no torchrun): training, resuming, and refusing bad input."""
+"""main.py in one process (no torchrun): training, resuming, and refusing bad input; the command as
+users start it for the README's cases, main.run() in the test's process for the rest."""
 import os
 import pickle
 import re
@@ -30,10 +31,11 @@ def eval_summaries(output: str) -> int:
     return output.count("| Eval Loss") - len(losses(output, "Eval"))
 
 
-def test_trains_snapshots_and_resumes_after_the_finished_epoch(text_file, tmp_path):
-    """Then, resumed: one eval per epoch, and a snapshot every save_every=2 epochs only."""
+def test_trains_snapshots_and_resumes_after_the_finished_epoch(text_file, tmp_path, capsys, one_torch_thread):
+    """Then, resumed: one eval per epoch, and a snapshot every save_every=2 epochs only (the runs
+    of main.run() in this process; the command's own runs are the tests that start main.py)."""
     snapshot = tmp_path / "snap.pt"
-    first = run_main(tiny_overrides(text_file, snapshot, trainer_config__log_every=10))
+    first = run_main_in_process(tiny_overrides(text_file, snapshot, trainer_config__log_every=10), capsys)
     assert_ok(first)
     train = losses(first.stdout)
     assert train[0][1] == 1 and {epoch for _, epoch, _, _ in train} == {1}
@@ -43,8 +45,8 @@ def test_trains_snapshots_and_resumes_after_the_finished_epoch(text_file, tmp_pa
     assert torch.load(snapshot, weights_only=True)["finished_epoch"] == 1
     assert eval_summaries(first.stdout) == 1
 
-    second = run_main(tiny_overrides(text_file, snapshot, trainer_config__max_epochs=3,
-                                     trainer_config__save_every=2))
+    second = run_main_in_process(tiny_overrides(text_file, snapshot, trainer_config__max_epochs=3,
+                                                trainer_config__save_every=2), capsys)
     assert_ok(second)
     assert "Resuming training from snapshot at Epoch 1" in second.stdout
     assert {epoch for _, epoch, _, _ in losses(second.stdout)} == {2, 3}
@@ -132,10 +134,10 @@ def test_schema_errors_name_the_key(text_file, tmp_path, override, key):
     assert "Traceback" not in result.stderr
 
 
-def test_preset_alone_is_accepted(text_file, tmp_path):
-    result = run_main([*tiny_overrides(text_file, tmp_path / "snap.pt", trainer_config__max_steps=2),
-                       "gpt_config.model_type=gpt-nano", "gpt_config.n_layer=null",
-                       "gpt_config.n_head=null", "gpt_config.n_embd=null"])
+def test_preset_alone_is_accepted(text_file, tmp_path, capsys, one_torch_thread):
+    overrides = tiny_overrides(text_file, tmp_path / "snap.pt", trainer_config__max_steps=2)
+    result = run_main_in_process([*overrides, "gpt_config.model_type=gpt-nano", "gpt_config.n_layer=null",
+                                  "gpt_config.n_head=null", "gpt_config.n_embd=null"], capsys)
     assert_ok(result)
     assert "0.09M parameters" in result.stdout  # gpt-nano: 3 layers, 3 heads, 48 wide
 
