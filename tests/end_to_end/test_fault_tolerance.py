@@ -19,6 +19,7 @@ from helpers import (
     assert_ok,
     final_state,
     run,
+    run_main_in_process,
     run_with_restarts,
     sha256,
     signal_every_process,
@@ -152,7 +153,7 @@ def assert_stopped_and_saved(output: str, snapshot, signal_name: str = "SIGTERM"
     (signal.SIGINT, INTERRUPT_EXIT_STATUS, {}),  # Ctrl-C once
 ], ids=["SIGTERM", "SIGUSR1-async", "Ctrl-C"])
 def test_a_signal_to_every_process_stops_one_process_with_a_snapshot_and_resumes_exactly(
-        text_file, tmp_path, unbroken_one_process, number, status, settings):
+        text_file, tmp_path, capsys, one_torch_thread, unbroken_one_process, number, status, settings):
     snapshot = tmp_path / "snap.pt"
     overrides = tiny_overrides(text_file, snapshot, **WORKERS, **settings)
     code, output = stop_with([sys.executable, MAIN, *overrides], number)
@@ -162,7 +163,8 @@ def test_a_signal_to_every_process_stops_one_process_with_a_snapshot_and_resumes
     if number == signal.SIGINT:
         assert output.count("Ctrl-C: stopping at the end of this step with a snapshot; press Ctrl-C") == 1
         return  # its snapshot resumes as SIGTERM's does
-    resumed = run([sys.executable, MAIN, *overrides])
+    # What the restart does, not how it is started: main.run() in this process, loading in it too.
+    resumed = run_main_in_process(tiny_overrides(text_file, snapshot, **settings), capsys)
     assert_ok(resumed)
     assert f"(step {step}, sample {step * 32} of epoch 1)" in resumed.stdout
     assert_same_state(final_state(snapshot), unbroken_one_process)

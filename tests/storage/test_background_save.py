@@ -5,7 +5,7 @@ import threading
 import time
 
 import torch
-from helpers import MAIN, assert_ok, one_error_line, run, run_main, sha256, tiny_overrides
+from helpers import MAIN, assert_ok, one_error_line, run, run_main_in_process, sha256, tiny_overrides
 from state_equality import assert_same_state
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 from torch.distributed.fsdp import fully_shard
@@ -86,11 +86,11 @@ def test_finish_hands_over_the_writers_error_and_failed_never_waits():
 
 
 def test_a_save_refused_mid_run_stops_the_run_with_its_error_and_keeps_the_previous_snapshot(
-        text_file, tmp_path):
+        text_file, tmp_path, capsys, one_torch_thread):
     """The disk refuses the resumed run's first snapshot (of step 50): a file size limit
     (RLIMIT_FSIZE binds root too) of half a snapshot; the start-up probe writes an empty file."""
     snapshot = tmp_path / "snap.pt"
-    assert_ok(run_main(tiny_overrides(text_file, snapshot, trainer_config__max_steps=20)))
+    assert_ok(run_main_in_process(tiny_overrides(text_file, snapshot, trainer_config__max_steps=20), capsys))
     before, limit = sha256(snapshot), snapshot.stat().st_size // 2
     overrides = tiny_overrides(text_file, snapshot, trainer_config__max_steps=200,
                                trainer_config__async_snapshots=True, trainer_config__save_every_steps=50)

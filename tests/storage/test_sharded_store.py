@@ -20,6 +20,7 @@ from helpers import (
     assert_ok,
     one_error_line,
     run_main,
+    run_main_in_process,
     sha256,
     tiny_overrides,
 )
@@ -116,13 +117,14 @@ def test_converts_to_a_single_file_of_the_saved_values_that_resumes(sharded_run,
 
 
 
-def test_metadata_that_would_run_code_is_refused(sharded_run, text_file, tmp_path):
+def test_metadata_that_would_run_code_is_refused(sharded_run, text_file, tmp_path, capsys):
     folder = tmp_path / "run"
     shutil.copytree(sharded_run, folder)
     metadata = folder / "sharded_000000085" / ".metadata"
     metadata.write_bytes(pickle.dumps(RunsCode(tmp_path / "executed")))
     before = sha256(metadata)
-    result = run_main(tiny_overrides(text_file, folder, trainer_config__max_epochs=2, **SHARDED))
+    overrides = tiny_overrides(text_file, folder, trainer_config__max_epochs=2, **SHARDED)
+    result = run_main_in_process(overrides, capsys)
     line = one_error_line(result)
     assert "sharded snapshot" in line and "cannot be loaded" in line and "refusing posix.system" in line
     assert not (tmp_path / "executed").exists() and sha256(metadata) == before
