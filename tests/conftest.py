@@ -60,15 +60,24 @@ def tiny_epoch(request, shared_text, tmp_path_factory) -> SimpleNamespace:
 
 
 @pytest.fixture(scope="session")
-def ddp_two_epochs(request, shared_text, tmp_path_factory) -> list[Path]:
-    """Two epochs of the tiny model on 2 DDP ranks, a snapshot after each (in a folder: both kept):
-    the unbroken run that fault-tolerance and cross-method tests compare with."""
+def ddp_two_epochs(request, shared_text, tmp_path_factory) -> SimpleNamespace:
+    """`torchrun --standalone --nproc_per_node=2 mingpt/main.py` from the repository root: two epochs
+    of the tiny model, a snapshot after each (in a folder: both kept), progress lines every 0.5 s.
+    The unbroken run that fault-tolerance and cross-method tests compare with; its output is
+    test_distributed's run from the root (.stdout, .stderr, .returncode)."""
     def make(folder: Path) -> None:
-        overrides = tiny_overrides(shared_text, folder / "snaps", trainer_config__max_epochs=2)
-        assert_ok(run([*TORCHRUN, "--standalone", "--nproc_per_node=2", MINGPT / "main.py", *overrides]))
+        overrides = tiny_overrides(shared_text, folder / "snaps", trainer_config__max_epochs=2,
+                                   trainer_config__progress_interval_s=0.5)
+        result = run([*TORCHRUN, "--standalone", "--nproc_per_node=2", MINGPT / "main.py", *overrides])
+        assert_ok(result)
+        for stream in ("stdout", "stderr"):
+            (folder / f"{stream}.txt").write_text(getattr(result, stream))
 
     folder = once_per_suite(request, tmp_path_factory, "ddp_two_epochs", make)
-    return sorted((folder / "snaps").glob("snapshot_*.pt"))
+    snapshots = folder / "snaps"
+    output = {stream: (folder / f"{stream}.txt").read_text() for stream in ("stdout", "stderr")}
+    return SimpleNamespace(folder=snapshots, snapshots=sorted(snapshots.glob("snapshot_*.pt")), returncode=0,
+                           **output)
 
 
 @pytest.fixture(scope="session")

@@ -116,7 +116,7 @@ def runs(text_file, tmp_path_factory, ddp_two_epochs):
     folder = tmp_path_factory.mktemp("runs")
     train(text_file, folder / "fsdp2", "fsdp", epochs=2)
     fsdp1, fsdp2 = sorted((folder / "fsdp2").glob("snapshot_*.pt"))
-    return {"fsdp1": fsdp1, "fsdp2": fsdp2, "ddp1": ddp_two_epochs[0]}
+    return {"fsdp1": fsdp1, "fsdp2": fsdp2, "ddp1": ddp_two_epochs.snapshots[0]}
 
 
 def test_fsdp_losses_match_ddp_step_by_step(runs):

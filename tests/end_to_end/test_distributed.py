@@ -56,16 +56,16 @@ def test_only_global_rank_zero_writes_the_snapshot(probe):
     assert [p["wrote_snapshot"] for p in probe] == [True, False]
 
 
-def test_torchrun_from_the_repo_root(text_file, tmp_path):
-    snapshot = tmp_path / "snap.pt"
-    result = run_main(tiny_overrides(text_file, snapshot, trainer_config__progress_interval_s=0.5), nproc=2)
-    check_two_rank_run(result, snapshot)
+def test_torchrun_from_the_repo_root(ddp_two_epochs):
+    """The suite's shared 2-rank run (conftest.ddp_two_epochs) is this command: two epochs."""
+    result, folder = ddp_two_epochs, ddp_two_epochs.folder
+    check_two_rank_run(result, folder)
     for once in ("Model: GPT", "World: 2 process(es) on 1 node(s), gloo on cpu", "Snapshots:"):
         assert result.stdout.count(once) == 1
     assert "tok/s | MFU" in result.stdout  # progress lines, from rank 0 only (checked above)
-    lines = read_metrics(default_metrics_path(str(snapshot)), "train")
+    lines = read_metrics(default_metrics_path(str(folder)), "train")
     steps, tokens = [line["step"] for line in lines], [line["tokens"] for line in lines]
-    assert steps == list(range(1, len(steps) + 1)) and len(steps) > 50
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) == 2 * 85
     assert all(later > earlier for earlier, later in zip(tokens, tokens[1:]))
     assert tokens[0] == 2 * 32 * 16  # both ranks' first batches
 

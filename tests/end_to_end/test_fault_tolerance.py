@@ -36,7 +36,7 @@ STEPS_PER_EPOCH = 85  # 5,385 train samples / (32 per rank x 2 ranks)
 @pytest.fixture(scope="module")
 def unbroken(ddp_two_epochs):
     """Where the 2-rank runs below end when nothing stops them (snapshot cadences change no bit)."""
-    return final_state(ddp_two_epochs[-1])
+    return final_state(ddp_two_epochs.snapshots[-1])
 
 
 AT_STEP_30 = "Resuming training from snapshot at Epoch 0 (step 30, sample 1920 of epoch 1)"
