@@ -10,7 +10,7 @@ import sys
 import fsspec
 import pytest
 import torch
-from helpers import assert_ok, one_error_line, run_main, tiny_overrides
+from helpers import assert_ok, one_error_line, run_main, run_main_in_process, tiny_overrides
 
 PART = 5 * 2**20
 """s3fs's smallest write block size (S3's smallest multipart part); s3fs's default is 50 MiB."""
@@ -43,12 +43,14 @@ def folder_names(fs, folder):
     return sorted(path.rsplit("/", 1)[-1] for path in fs.ls(folder))
 
 
-def test_one_process_saves_to_and_resumes_from_s3(text_file, s3, s3_fs):
+def test_one_process_saves_to_and_resumes_from_s3(text_file, s3, s3_fs, capsys, one_torch_thread):
+    """main.run() in this process, its environment the AWS variables (s3_fs sets them); the 2-rank
+    test below starts real processes."""
     url = f"s3://{s3.bucket}/single/snap.pt"
-    assert_ok(run_main(tiny_overrides(text_file, url), env=s3.env()))
+    assert_ok(run_main_in_process(tiny_overrides(text_file, url), capsys))
     assert load_object(s3_fs, url)["finished_epoch"] == 1
     assert s3_fs.exists(f"{s3.bucket}/single/snap.metrics.jsonl")
-    second = run_main(tiny_overrides(text_file, url, trainer_config__max_epochs=2), env=s3.env())
+    second = run_main_in_process(tiny_overrides(text_file, url, trainer_config__max_epochs=2), capsys)
     assert_ok(second)
     assert "Resuming training from snapshot at Epoch 1" in second.stdout
     assert load_object(s3_fs, url)["finished_epoch"] == 2
