@@ -50,3 +50,12 @@ def test_the_same_order_in_another_process():
             "print(Permutation(12345, 99)(torch.arange(0, 12345, 97)).tolist())")
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert eval(other) == Permutation(12345, 99)(torch.arange(0, 12345, 97)).tolist()
+
+
+def test_the_order_is_the_one_earlier_versions_computed():
+    """A snapshot holds a position in an epoch's order, so a run resumed by a newer version must
+    continue the same order: these values were computed by the version that first wrote them."""
+    assert Permutation(5385, 1337 + 1_000_003)(torch.arange(0, 5385, 500)).tolist() == [
+        3929, 3027, 2491, 1621, 5292, 1507, 40, 1573, 2786, 3592, 3339]
+    assert Permutation(10**9, 7)(torch.tensor([0, 1, 999_999_999])).tolist() == [
+        395683348, 712876305, 123346677]
