@@ -32,6 +32,9 @@ def test_launch_starts_cpu_workers_through_the_elastic_launcher(text_file, tmp_p
 
 
 def test_launch_reports_failed_workers(text_file, tmp_path):
+    """A config mistake, the same on every rank before any process group exists: local rank 0 alone
+    says it (launch.py runs torchrun's own launcher: this is also `torchrun` with a bad key), and
+    launch.py names the failed job."""
     result = run([sys.executable, MINGPT / "launch.py", "--nproc", "2",
                   *tiny_overrides(text_file, tmp_path / "snap.pt"), "trainer_config.batch_size=0"])
     assert result.returncode == 1

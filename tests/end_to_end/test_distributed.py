@@ -76,13 +76,6 @@ def test_torchrun_from_inside_mingpt(text_file, tmp_path):
                        snapshot)
 
 
-def test_a_failing_worker_fails_the_job_with_one_error_line(tmp_path):
-    """A config mistake, the same on every rank before any process group exists: local rank 0 says it."""
-    result = run_main(["trainer_config.batch_size=0"], nproc=2)
-    assert result.returncode == 1
-    assert result.stderr.count("error: trainer_config.batch_size: must be positive") == 1
-
-
 def test_an_error_every_rank_meets_during_the_run_is_said_once(text_file, tmp_path):
     """A damaged snapshot: every rank fails to read it and one says so, the first to get there (they
     agree through the process group's store; none waits for another). The snapshot is left as it was."""

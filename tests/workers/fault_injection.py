@@ -7,9 +7,11 @@ point of training, and the samples each rank trains on recorded.
 FAULT is `step:N` (after optimizer step N), `eval:E` (as the eval pass of epoch E starts) or
 `snapshot_write:N` (half-way through writing the snapshot of step N: give FAULT_RANK=0, the
 writer). The kill happens on FAULT_RANK (default 1), in torchrun's first attempt only, so that the
-restarted workers can finish. `error:N` raises a user-facing error (say, a snapshot store that
-refused one rank) after step N instead of killing. `slow_write:N` makes every snapshot write from
-step N on pause SLOW_WRITE_S seconds half-way (a save that can be interrupted).
+restarted workers can finish. Comma-separated lists (FAULT=snapshot_write:40,eval:1 FAULT_RANK=0,1)
+plant one fault per attempt: the first in the first attempt, the second in the restarted one.
+`error:N` raises a user-facing error (say, a snapshot store that refused one rank) after step N
+instead of killing. `slow_write:N` makes every snapshot write from step N on pause SLOW_WRITE_S
+seconds half-way (a save that can be interrupted).
 
 RECORD_SAMPLES: each training batch a rank draws is appended to DIR/samples-rank<R>-<pid>.txt as
 `epoch index index ...` (split indices; run with data_loader_workers=0, so that nothing is drawn
@@ -19,6 +21,7 @@ import os
 import runpy
 import signal
 from pathlib import Path
+from typing import Optional
 
 import mingpt
 from mingpt.reporting.errors import MinGPTError
@@ -123,11 +126,20 @@ def record_samples(folder: str) -> None:
     GlobalOrderSampler.__iter__ = recorded
 
 
+def fault_of_this_attempt() -> Optional[str]:
+    """FAULT's entry for this torchrun attempt, if it is meant for this rank (FAULT_RANK's entry)."""
+    faults = os.environ["FAULT"].split(",") if "FAULT" in os.environ else []
+    ranks = os.environ.get("FAULT_RANK", ",".join(["1"] * len(faults))).split(",")
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if attempt < len(faults) and os.environ.get("RANK", "0") == ranks[attempt]:
+        return faults[attempt]
+    return None
+
+
 if __name__ == "__main__":
-    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-    faulty_rank = os.environ.get("RANK", "0") == os.environ.get("FAULT_RANK", "1")
-    if "FAULT" in os.environ and first_attempt and faulty_rank:
-        plant(os.environ["FAULT"])
+    fault = fault_of_this_attempt()
+    if fault:
+        plant(fault)
     if "RECORD_SAMPLES" in os.environ:
         record_samples(os.environ["RECORD_SAMPLES"])
     # As a script, so that Hydra finds its config beside main.py.
