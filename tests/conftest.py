@@ -9,7 +9,7 @@ from typing import Callable
 import psutil
 import pytest
 from filelock import FileLock
-from helpers import MINGPT, TORCHRUN, assert_ok, kill_all, make_text, run, run_main, tiny_overrides
+from helpers import MINGPT, REPO, TORCHRUN, assert_ok, kill_all, make_text, run, run_main, tiny_overrides
 from s3_server import S3Server, start_s3_server
 
 
@@ -59,25 +59,39 @@ def tiny_epoch(request, shared_text, tmp_path_factory) -> SimpleNamespace:
     return SimpleNamespace(stdout=(folder / "stdout.txt").read_text(), snapshot=folder / "snap.pt")
 
 
-@pytest.fixture(scope="session")
-def ddp_two_epochs(request, shared_text, tmp_path_factory) -> SimpleNamespace:
-    """`torchrun --standalone --nproc_per_node=2 mingpt/main.py` from the repository root: two epochs
-    of the tiny model, a snapshot after each (in a folder: both kept), progress lines every 0.5 s.
-    The unbroken run that fault-tolerance and cross-method tests compare with; its output is
-    test_distributed's run from the root (.stdout, .stderr, .returncode)."""
+def two_epochs_on_two_ranks(request, tmp_path_factory, name: str, text: Path, cwd: Path, script: Path,
+                            **extra) -> SimpleNamespace:
+    """`torchrun --standalone --nproc_per_node=2 <script>` from cwd, made once per suite: two epochs of
+    the tiny model, a snapshot after each (in a folder: both kept). Its output (.stdout, .stderr,
+    .returncode), its snapshot folder and snapshots, oldest first."""
     def make(folder: Path) -> None:
-        overrides = tiny_overrides(shared_text, folder / "snaps", trainer_config__max_epochs=2,
-                                   trainer_config__progress_interval_s=0.5)
-        result = run([*TORCHRUN, "--standalone", "--nproc_per_node=2", MINGPT / "main.py", *overrides])
+        overrides = tiny_overrides(text, folder / "snaps", trainer_config__max_epochs=2, **extra)
+        result = run([*TORCHRUN, "--standalone", "--nproc_per_node=2", script, *overrides], cwd=cwd)
         assert_ok(result)
         for stream in ("stdout", "stderr"):
             (folder / f"{stream}.txt").write_text(getattr(result, stream))
 
-    folder = once_per_suite(request, tmp_path_factory, "ddp_two_epochs", make)
+    folder = once_per_suite(request, tmp_path_factory, name, make)
     snapshots = folder / "snaps"
     output = {stream: (folder / f"{stream}.txt").read_text() for stream in ("stdout", "stderr")}
     return SimpleNamespace(folder=snapshots, snapshots=sorted(snapshots.glob("snapshot_*.pt")), returncode=0,
                            **output)
+
+
+@pytest.fixture(scope="session")
+def ddp_two_epochs(request, shared_text, tmp_path_factory) -> SimpleNamespace:
+    """DDP from the repository root (`mingpt/main.py`), progress lines every 0.5 s: the unbroken run
+    that fault-tolerance and cross-method tests compare with, and test_distributed's run from the root."""
+    return two_epochs_on_two_ranks(request, tmp_path_factory, "ddp_two_epochs", shared_text, REPO,
+                                   MINGPT / "main.py", trainer_config__progress_interval_s=0.5)
+
+
+@pytest.fixture(scope="session")
+def fsdp_two_epochs(request, shared_text, tmp_path_factory) -> SimpleNamespace:
+    """FSDP from inside mingpt/ (`main.py`): test_parallel's FSDP reference and test_distributed's run
+    from inside mingpt/."""
+    return two_epochs_on_two_ranks(request, tmp_path_factory, "fsdp_two_epochs", shared_text, MINGPT,
+                                   Path("main.py"), trainer_config__distributed_method="fsdp")
 
 
 @pytest.fixture(scope="session")

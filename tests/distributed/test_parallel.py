@@ -110,12 +110,10 @@ def step_losses(snapshot, epoch=None):
 
 
 @pytest.fixture(scope="module")
-def runs(text_file, tmp_path_factory, ddp_two_epochs):
-    """Snapshots and losses of two-epoch runs, FSDP's and DDP's, each into a snapshot folder whose
-    first epoch's snapshot is also a one-epoch run's (the learning rate is constant)."""
-    folder = tmp_path_factory.mktemp("runs")
-    train(text_file, folder / "fsdp2", "fsdp", epochs=2)
-    fsdp1, fsdp2 = sorted((folder / "fsdp2").glob("snapshot_*.pt"))
+def runs(fsdp_two_epochs, ddp_two_epochs):
+    """Snapshots and losses of the suite's two-epoch runs, FSDP's and DDP's, each into a snapshot
+    folder whose first epoch's snapshot is also a one-epoch run's (the learning rate is constant)."""
+    fsdp1, fsdp2 = fsdp_two_epochs.snapshots
     return {"fsdp1": fsdp1, "fsdp2": fsdp2, "ddp1": ddp_two_epochs.snapshots[0]}
 
 

@@ -3,7 +3,6 @@ import os
 
 import pytest
 from helpers import (
-    MINGPT,
     WORKER_SCRIPTS,
     assert_ok,
     check_two_rank_run,
@@ -70,10 +69,9 @@ def test_torchrun_from_the_repo_root(ddp_two_epochs):
     assert tokens[0] == 2 * 32 * 16  # both ranks' first batches
 
 
-def test_torchrun_from_inside_mingpt(text_file, tmp_path):
-    snapshot = tmp_path / "snap.pt"
-    check_two_rank_run(run_main(tiny_overrides(text_file, snapshot), nproc=2, cwd=MINGPT, script="main.py"),
-                       snapshot)
+def test_torchrun_from_inside_mingpt(fsdp_two_epochs):
+    """The suite's shared FSDP run (conftest.fsdp_two_epochs) is this command."""
+    check_two_rank_run(fsdp_two_epochs, fsdp_two_epochs.folder)
 
 
 def test_an_error_every_rank_meets_during_the_run_is_said_once(text_file, tmp_path):
