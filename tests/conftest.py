@@ -1,4 +1,5 @@
 """Fixtures shared by the tests (helpers.py holds the plain functions)."""
+import json
 import shutil
 import signal
 import warnings
@@ -9,7 +10,18 @@ from typing import Callable
 import psutil
 import pytest
 from filelock import FileLock
-from helpers import MINGPT, REPO, TORCHRUN, assert_ok, kill_all, make_text, run, run_main, tiny_overrides
+from helpers import (
+    MINGPT,
+    REPO,
+    TORCHRUN,
+    assert_ok,
+    kill_all,
+    make_text,
+    run,
+    run_main,
+    run_probe,
+    tiny_overrides,
+)
 from s3_server import S3Server, start_s3_server
 
 
@@ -92,6 +104,17 @@ def fsdp_two_epochs(request, shared_text, tmp_path_factory) -> SimpleNamespace:
     from inside mingpt/."""
     return two_epochs_on_two_ranks(request, tmp_path_factory, "fsdp_two_epochs", shared_text, MINGPT,
                                    Path("main.py"), trainer_config__distributed_method="fsdp")
+
+
+@pytest.fixture(scope="session")
+def probes(request, shared_text, tmp_path_factory) -> dict[str, list[dict]]:
+    """tests/workers/probe.py on 2 ranks, DDP then FSDP in one run: what each rank saw of one step,
+    an eval pass and a snapshot (test_distributed's DDP facts, test_parallel's FSDP ones)."""
+    methods = ["ddp", "fsdp"]
+    folder = once_per_suite(request, tmp_path_factory, "probes",
+                            lambda out: run_probe(methods, shared_text, out))
+    return {method: [json.loads((folder / f"{method}_rank{rank}.json").read_text()) for rank in range(2)]
+            for method in methods}
 
 
 @pytest.fixture(scope="session")

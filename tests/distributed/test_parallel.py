@@ -15,7 +15,6 @@ from helpers import (
     final_state,
     run,
     run_main,
-    run_probe,
     run_with_restarts,
     tiny_overrides,
 )
@@ -32,8 +31,9 @@ from mingpt.reporting.metrics import default_metrics_path, read_metrics
 
 
 @pytest.fixture(scope="module")
-def fsdp_probe(text_file, tmp_path_factory):
-    return run_probe("fsdp", text_file, tmp_path_factory.mktemp("fsdp_probe"))
+def fsdp_probe(probes):
+    """Facts from each of 2 ranks after one FSDP step, an eval pass and a snapshot."""
+    return probes["fsdp"]
 
 
 def test_fsdp_step_changes_the_parameters(fsdp_probe):

@@ -8,7 +8,6 @@ from helpers import (
     check_two_rank_run,
     make_text,
     run_main,
-    run_probe,
     serving,
     tiny_overrides,
 )
@@ -19,9 +18,9 @@ from mingpt.reporting.metrics import default_metrics_path, read_metrics
 
 
 @pytest.fixture(scope="module")
-def probe(text_file, tmp_path_factory):
+def probe(probes):
     """Facts from each of 2 ranks after one DDP step, an eval pass and a snapshot."""
-    return run_probe("ddp", text_file, tmp_path_factory.mktemp("probe"))
+    return probes["ddp"]
 
 
 def test_parameters_are_bitwise_equal_on_both_ranks_after_a_step(probe):

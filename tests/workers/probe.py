@@ -1,8 +1,10 @@
-"""Run by the tests under torchrun: one training step, an eval pass and a snapshot, with what
-each rank saw written to OUT_DIR/rank{N}.json. METHOD is ddp or fsdp.
+"""Run by the tests under torchrun: for each method, one training step, an eval pass and a
+snapshot, with what each rank saw written to OUT_DIR/<method>_rank{N}.json. METHODS is a
+comma-separated list of ddp and fsdp, probed one after the other in one process group.
 
-    torchrun --standalone --nproc_per_node=2 tests/workers/probe.py METHOD TEXT_FILE OUT_DIR
+    torchrun --standalone --nproc_per_node=2 tests/workers/probe.py METHODS TEXT_FILE OUT_DIR
 """
+import gc
 import hashlib
 import json
 import sys
@@ -18,7 +20,7 @@ from mingpt.reporting.logger import configure_logging
 from mingpt.storage import files
 from mingpt.trainer import Trainer, TrainerConfig
 
-SNAPSHOT = "memory://probe/snap.pt"  # each process has its own in-memory filesystem
+SNAPSHOTS = "memory://probe"  # each process has its own in-memory filesystem
 
 
 def digest(trainer: Trainer) -> str:
@@ -45,52 +47,59 @@ def local_test_loss(trainer: Trainer) -> tuple[float, int]:
     return total, count
 
 
-def main(method: str, text_path: str, out_dir: str) -> None:
+def probe(method: str, text_path: str, env) -> dict:
+    """What this rank sees of one step, an eval pass and a snapshot under method."""
+    data_config = DataConfig(path=text_path, block_size=16)
+    dataset = CharDataset(Path(text_path).read_text(), data_config.block_size)
+    train_set, test_set = split_dataset(dataset, data_config, seed=0)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=dataset.vocab_size, block_size=16))
+    snapshot = f"{SNAPSHOTS}/{method}/snap.pt"
+    config = TrainerConfig(batch_size=16, data_loader_workers=0, use_amp=False, snapshot_path=snapshot,
+                           distributed_method=method)
+    trainer = Trainer(config, model, OptimizerConfig(), train_set, test_set, dataset.vocab, env)
+
+    trainer.train_loader.sampler.set_epoch(1)
+    epoch_samples = [start for batch in trainer.train_loader.sampler
+                     for start in train_set.starts(batch).tolist()]
+    inputs, targets = next(iter(trainer.train_loader))
+    before = digest(trainer)
+    trainer.train_step(inputs, targets)
+    after = digest(trainer)
+
+    modes = []
+    hook = unwrap(trainer.model).register_forward_pre_hook(lambda m, args: modes.append(m.training))
+    eval_loss = trainer.evaluate(epoch=1)
+    hook.remove()
+    local_sum, local_count = local_test_loss(trainer)
+
+    trainer.save_snapshot("epoch 1")
+    return {
+        "rank": env.rank,
+        "world_size": env.world_size,
+        "parameter_bytes": sum(p.numel() * p.element_size() for p in trainer.model.parameters()),
+        "local_parameter_bytes": local_parameter_bytes(trainer.model),
+        "digest_before": before,
+        "digest_after": after,
+        "first_batch": epoch_samples[: config.batch_size],
+        "epoch_samples": epoch_samples,
+        "train_size": len(train_set),
+        "eval_modes": modes,
+        "training_after_eval": unwrap(trainer.model).training,
+        "eval_loss": eval_loss,
+        "local_loss_sum": local_sum,
+        "local_count": local_count,
+        "wrote_snapshot": files.exists(snapshot),
+    }
+
+
+def main(methods: str, text_path: str, out_dir: str) -> None:
     with distributed_session() as env:
         configure_logging(env.rank)
-        data_config = DataConfig(path=text_path, block_size=16)
-        dataset = CharDataset(Path(text_path).read_text(), data_config.block_size)
-        train_set, test_set = split_dataset(dataset, data_config, seed=0)
-        torch.manual_seed(0)
-        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=dataset.vocab_size, block_size=16))
-        config = TrainerConfig(batch_size=16, data_loader_workers=0, use_amp=False, snapshot_path=SNAPSHOT,
-                               distributed_method=method)
-        trainer = Trainer(config, model, OptimizerConfig(), train_set, test_set, dataset.vocab, env)
-
-        trainer.train_loader.sampler.set_epoch(1)
-        epoch_samples = [start for batch in trainer.train_loader.sampler
-                         for start in train_set.starts(batch).tolist()]
-        inputs, targets = next(iter(trainer.train_loader))
-        before = digest(trainer)
-        trainer.train_step(inputs, targets)
-        after = digest(trainer)
-
-        modes = []
-        hook = unwrap(trainer.model).register_forward_pre_hook(lambda m, args: modes.append(m.training))
-        eval_loss = trainer.evaluate(epoch=1)
-        hook.remove()
-        local_sum, local_count = local_test_loss(trainer)
-
-        trainer.save_snapshot("epoch 1")
-        facts = {
-            "rank": env.rank,
-            "world_size": env.world_size,
-            "parameter_bytes": sum(p.numel() * p.element_size() for p in trainer.model.parameters()),
-            "local_parameter_bytes": local_parameter_bytes(trainer.model),
-            "digest_before": before,
-            "digest_after": after,
-            "first_batch": epoch_samples[: config.batch_size],
-            "epoch_samples": epoch_samples,
-            "train_size": len(train_set),
-            "eval_modes": modes,
-            "training_after_eval": unwrap(trainer.model).training,
-            "eval_loss": eval_loss,
-            "local_loss_sum": local_sum,
-            "local_count": local_count,
-            "wrote_snapshot": files.exists(SNAPSHOT),
-        }
-        Path(out_dir, f"rank{env.rank}.json").write_text(json.dumps(facts))
-        del trainer, model  # freed before the process group goes (see distributed_session)
+        for method in methods.split(","):
+            facts = probe(method, text_path, env)
+            Path(out_dir, f"{method}_rank{env.rank}.json").write_text(json.dumps(facts))
+            gc.collect()  # this method's model and trainer, freed before the next is built
 
 
 if __name__ == "__main__":
