@@ -11,7 +11,6 @@ import os
 import re
 import signal
 import sys
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -326,14 +325,17 @@ def elastic_run(text_file, tmp_path_factory) -> TwoHostRun:
     # A short last call: once node2 is gone, node1 need not wait long for more nodes to join.
     torchrun = [*TORCHRUN, "--nnodes=1:2", "--nproc_per_node=1", "--rdzv_backend=c10d",
                 f"--rdzv_endpoint={TwoHosts.NAMES[0]}:29500", f"--rdzv_id={uuid.uuid4().hex}",
-                "--rdzv_conf=last_call_timeout=2", "--max-restarts=3", MAIN,
+                "--rdzv_conf=last_call_timeout=3", "--max-restarts=3", MAIN,
                 *tiny_overrides(text_file, snapshot, trainer_config__save_every_steps=20,
                                 trainer_config__max_epochs=2, trainer_config__log_every=10)]
     logs = [root / f"{name}.log" for name in TwoHosts.NAMES]
     with TwoHosts(root) as hosts:
-        agents = [hosts.popen(0, torchrun, logs[0], env)]
-        time.sleep(1)  # node1 hosts the rendezvous: it goes first and is global rank 0
-        agents.append(hosts.popen(1, torchrun, logs[1], env))
+        # node2 goes first and waits for node1's rendezvous store: had node1 started first, a slow
+        # node2 could miss its last call, and node1 would train alone before the two-node world.
+        # (Ranks follow the sorted host names, so node1 is still global rank 0.)
+        agents = [None, hosts.popen(1, torchrun, logs[1], env)]
+        wait_for(lambda: "Starting elastic_operator" in read(logs[1]), 60, "node2's agent")
+        agents[0] = hosts.popen(0, torchrun, logs[0], env)
         wait_for(lambda: "Snapshot saved at step 20" in read(logs[0])
                  or any(a.poll() is not None for a in agents), 240, "a mid-epoch snapshot")
         assert all(a.poll() is None for a in agents), f"torchrun ended before the kill:\n{read(logs[0])}"
@@ -348,7 +350,7 @@ class TestElastic:
         node1, _ = elastic_run.logs
         assert elastic_run.exit_codes[0] == 0, node1
         assert "group_world_size=2" in node1 and "group_world_size=1" in node1, node1
-        after = node1.split("group_world_size=1")[1]
+        after = node1.split("group_world_size=2", 1)[1].split("group_world_size=1", 1)[1]  # the shrink
         match = re.search(r"resumed by 1: epoch 1 continues at sample ([\d,]+)", after)
         assert match, after
         step = int(re.search(r"Resuming training from snapshot at Epoch 0 \(step (\d+),", after).group(1))
