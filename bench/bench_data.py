@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from common import REPO, RESULTS, emit, save_json
 
-from mingpt.char_dataset import DataConfig, open_corpus, split_dataset
+from mingpt.char_dataset import DataConfig, inputs_and_targets, open_corpus, split_dataset
 from mingpt.distributed.process_group import DistEnv
 from mingpt.tokens.data_loader import make_dataloader
 from mingpt.tokens.token_file import CHUNK_BYTES, open_token_file, token_file_for
@@ -443,7 +443,7 @@ def loader_speed(text: Path, workers: int, args) -> dict:
     first_batch_s = time.perf_counter() - start
     start = time.perf_counter()
     for _ in range(args.loader_batches):
-        inputs, _ = next(batches)
+        inputs, _ = inputs_and_targets(next(batches))
     seconds = time.perf_counter() - start
     return {"workers": loader.num_workers, "first_batch_s": first_batch_s,
             "samples_per_s": args.loader_batches * args.loader_batch_size / seconds,

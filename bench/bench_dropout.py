@@ -49,7 +49,7 @@ def step_seconds(trainer: Trainer, inputs: torch.Tensor, targets: torch.Tensor) 
 
 def compare(env, name: str, rounds: int) -> dict:
     with benchmark_trainer(env, *model_sizes(name), BLOCK, batch_size=BATCH) as trainer:
-        inputs, targets = (t.to(env.device) for t in next(iter(trainer.train_loader)))
+        inputs, targets = trainer.to_device(next(iter(trainer.train_loader)))
         ours, theirs = [], []
         for _ in range(rounds + 1):
             ours.append(step_seconds(trainer, inputs, targets))

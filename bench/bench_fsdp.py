@@ -102,7 +102,7 @@ def measure(trainer, args: argparse.Namespace) -> dict:
 def communication_share(trainer) -> float:
     """Of one training step, the share the training thread spent in FSDP's collectives (see
     COMMUNICATION_REGIONS); 0 under DDP, whose all-reduce the profiler does not see in this thread."""
-    inputs, targets = (t.to(trainer.env.device) for t in next(iter(trainer.train_loader)))
+    inputs, targets = trainer.to_device(next(iter(trainer.train_loader)))
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
         start = time.perf_counter()
         trainer.train_step(inputs, targets).item()
@@ -115,7 +115,7 @@ def communication_share(trainer) -> float:
 def activation_bytes(trainer) -> int:
     """Bytes one forward pass of a training batch saves for backward (then the backward pass, so
     that DDP and FSDP finish the step they started; the gradients are dropped)."""
-    inputs, targets = (t.to(trainer.env.device) for t in next(iter(trainer.train_loader)))
+    inputs, targets = trainer.to_device(next(iter(trainer.train_loader)))
     with saved_activations() as saved:
         loss = trainer.compute_loss(inputs, targets)
     trainer.backward(loss)

@@ -41,7 +41,7 @@ def best_of(repeats: int, action) -> float:
 
 def snapshot_of(trainer) -> Snapshot:
     """A full snapshot of a trained-one-step model, as the trainer writes it."""
-    inputs, targets = (t.to(trainer.env.device) for t in next(iter(trainer.train_loader)))
+    inputs, targets = trainer.to_device(next(iter(trainer.train_loader)))
     trainer.train_step(inputs, targets)
     model_state, optimizer_state = gather_full_state(trainer.model, trainer.optimizer)
     return Snapshot(model_state=model_state, optimizer_state=optimizer_state, vocab=trainer.vocab,

@@ -60,6 +60,7 @@ from mingpt.char_dataset import (
     DEFAULT_CORPUS,
     CharDataset,
     DataConfig,
+    inputs_and_targets,
     open_corpus,
     prepare_corpus,
     split_dataset,
@@ -259,8 +260,7 @@ def batches(trainer: Trainer):
 
 
 def next_batch(data, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    inputs, targets = (t.to(device, non_blocking=True) for t in next(data))
-    return inputs, targets
+    return inputs_and_targets(next(data).to(device, non_blocking=True))
 
 
 def timed_step(trainer: Trainer, data, device: torch.device) -> tuple[float, float, float]:

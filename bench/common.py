@@ -70,7 +70,7 @@ def timed_steps(trainer: Trainer, warmup: int, steps: int, before_timing=lambda:
         if step == warmup:
             before_timing()
             start = time.perf_counter()
-        inputs, targets = (t.to(trainer.env.device) for t in next(batches))
+        inputs, targets = trainer.to_device(next(batches))
         trainer.train_step(inputs, targets).item()
     return time.perf_counter() - start
 

@@ -100,11 +100,14 @@ class CharDataset(Dataset):
 
     def __getitem__(self, starts) -> tuple[torch.Tensor, torch.Tensor]:
         """x, y for the window at each start (an int gives one sample, a tensor a batch)."""
+        return inputs_and_targets(self.windows(starts))
+
+    def windows(self, starts) -> torch.Tensor:
+        """The block_size + 1 token ids from each start, in one contiguous (..., T + 1) tensor."""
         starts = np.asarray(starts, dtype=np.int64)
         if starts.size and (starts.min() < 0 or starts.max() >= len(self)):
             raise IndexError(f"sample index outside 0..{len(self) - 1}")
-        window = self.token_ids(starts[..., None] + np.arange(self.block_size + 1))
-        return window[..., :-1], window[..., 1:]
+        return self.token_ids(starts[..., None] + np.arange(self.block_size + 1))
 
     def token_ids(self, positions) -> torch.Tensor:
         """Token ids (int64) of the text at these character positions."""
@@ -116,6 +119,14 @@ class CharDataset(Dataset):
 
     def decode(self, ids: torch.Tensor) -> str:
         return "".join(self.vocab[i] for i in ids.tolist())
+
+
+def inputs_and_targets(windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x and y of a window (or a batch of them): two overlapping views of its memory, y shifted by
+    one token. A batch moves to a GPU as its windows, one contiguous (pinned) tensor and therefore
+    one asynchronous copy, and is split on the device; x and y moved apart would each be a strided
+    view, copied through a pageable temporary, twice."""
+    return windows[..., :-1], windows[..., 1:]
 
 
 def count_ids(ids: np.ndarray, vocab_size: int, chunk: int = 1 << 24) -> np.ndarray:
@@ -145,8 +156,16 @@ class Split(Dataset):
         positions = torch.as_tensor(indices, dtype=torch.int64) + self.first
         return self.order(positions) if self.order is not None else positions
 
-    def __getitem__(self, indices) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.dataset[self.starts(indices).numpy()]
+    def __getitem__(self, indices) -> torch.Tensor:
+        """The windows of the split's samples at indices (see inputs_and_targets)."""
+        return self.dataset.windows(self.starts(indices).numpy())
+
+
+def in_windows(dataset: Dataset) -> Dataset:
+    """A dataset as the Trainer's loaders read it, a batch of windows at a time: a CharDataset given
+    whole is a split of all its samples; a Split already is one. Another dataset is left as it is
+    (its (x, y) pairs then move to the device as two tensors)."""
+    return Split(dataset, 0, len(dataset)) if isinstance(dataset, CharDataset) else dataset
 
 
 def open_corpus(config: DataConfig) -> CharDataset:

@@ -17,11 +17,12 @@ import torch
 import torch.nn as nn
 from torch.utils.data import Dataset
 
+from mingpt.char_dataset import in_windows, inputs_and_targets
 from mingpt.distributed import control, parallel
 from mingpt.distributed.activation_checkpointing import CHECKPOINTING_MODES, checkpoint_blocks
 from mingpt.distributed.memory import check_memory, plan_memory
 from mingpt.distributed.precision import AMP_DTYPES, resolve_precision
-from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, all_reduce_sum
+from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, all_reduce_sum, gloo_interface
 from mingpt.model import OptimizerConfig, create_optimizer, learning_rate_at
 from mingpt.reporting.errors import check, check_choice, check_not_negative, check_positive
 from mingpt.reporting.flops import peak_flops
@@ -143,7 +144,8 @@ class Trainer:
         self._place(model)
         # A training batch holds a whole optimizer step: grad_accum_steps micro-batches.
         self.train_loader, self.test_loader = rank_loaders(
-            train_dataset, test_dataset, config.batch_size, config.grad_accum_steps, config.eval_batches,
+            in_windows(train_dataset), test_dataset and in_windows(test_dataset), config.batch_size,
+            config.grad_accum_steps, config.eval_batches,
             config.data_loader_workers, config.seed, env, control.handled_signals(config.stop_signals))
         self.checkpointer = Checkpointer(config.snapshot_policy(), env, vocab)
         self.agreement: Optional[control.StepAgreement] = None
@@ -197,7 +199,8 @@ class Trainer:
             f"Model: {parallel.unwrap(self.model).describe()}",
             f"World: {env.world_size} process(es) on {env.num_nodes} node(s), {env.backend} on "
             f"{env.device.type}; {tc.distributed_method}{offload}; {self.precision}; "
-            f"{parallel.local_parameter_bytes(self.model) / 1e6:.1f} MB of parameters per rank",
+            f"{parallel.local_parameter_bytes(self.model) / 1e6:.1f} MB of parameters per rank"
+            + (f"; gloo across nodes on {gloo_interface()}" if env.num_nodes > 1 else ""),
             f"Memory: {self.memory.describe()}",
             f"Batch: {tc.batch_size} per process x {tc.grad_accum_steps} accumulation, "
             f"{tokens_per_step:,} tokens per step, {self.steps_per_epoch:,} steps per epoch, "
@@ -210,7 +213,7 @@ class Trainer:
         """Epochs until the budget (max_epochs, or max_steps) is spent; raises RunStopped when a
         stop signal ended the run early (after its snapshot)."""
         config = self.config
-        agreement = control.StepAgreement(config.stop_signals, config.save_every_minutes, self.env.is_main)
+        agreement = control.StepAgreement(config.stop_signals, config.save_every_minutes, self.env)
         with agreement as self.agreement, self.checkpointer.finished_on_error():
             while not self._budget_spent():
                 epoch = self.progress.finished_epoch + 1
@@ -244,8 +247,12 @@ class Trainer:
         later_epochs = max(self.config.max_epochs - self.progress.finished_epoch - 1, 0)
         return self.progress.step + rest_of_epoch + later_epochs * self.steps_per_epoch
 
-    def _to_device(self, batch: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [t.to(self.env.device, non_blocking=True) for t in batch]
+    def to_device(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch from the loaders as inputs and targets on this rank's device: its windows in one
+        copy (char_dataset.inputs_and_targets), or the (x, y) pair of a dataset of another kind."""
+        if isinstance(batch, torch.Tensor):
+            return inputs_and_targets(batch.to(self.env.device, non_blocking=True))
+        return tuple(t.to(self.env.device, non_blocking=True) for t in batch)
 
     def _start_epoch(self, epoch: int) -> int:
         """Set up the sampler and RNG for epoch; return the step it starts at (0 unless resuming)."""
@@ -264,7 +271,7 @@ class Trainer:
         first_step = self._start_epoch(epoch)
         self.report.pause()
         for iteration, batch in enumerate(self.train_loader, start=first_step):
-            inputs, targets = self._to_device(batch)
+            inputs, targets = self.to_device(batch)
             loss = self.train_step(inputs, targets)
             samples = len(inputs) * self.env.world_size  # every rank's batch has the same length
             self.progress.advance(samples, tokens=samples * self.block_size)
@@ -346,7 +353,7 @@ class Trainer:
         self.model.eval()
         totals = torch.zeros(2, device=self.env.device)  # sum of sample losses, sample count
         for iteration, batch in enumerate(self.test_loader):
-            inputs, targets = self._to_device(batch)
+            inputs, targets = self.to_device(batch)
             loss = self.compute_loss(inputs, targets)
             totals[0] += loss.float() * len(inputs)
             totals[1] += len(inputs)

@@ -128,11 +128,13 @@ def s3(tmp_path_factory) -> S3Server:
 
 @pytest.fixture
 def world_of_one():
-    """An in-process gloo group of one, for code that gathers state through torch.distributed."""
+    """An in-process process group of one (as `python main.py` makes), for code that gathers state
+    through torch.distributed; the fixture's value is its DistEnv."""
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
+    from mingpt.distributed.process_group import init_distributed
+
+    yield init_distributed()
     dist.destroy_process_group()
 
 

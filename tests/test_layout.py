@@ -29,6 +29,14 @@ def test_only_the_storage_door_imports_fsspec():
     assert importers == ["mingpt/storage/files.py"]
 
 
+def test_only_process_group_makes_process_groups():
+    """Groups made anywhere else would get torch's default timeout, not the run's (test_process_group)."""
+    makers = re.compile(r"\b(new_group|new_subgroups\w*|split_group|init_device_mesh)\(")
+    found = [str(path.relative_to(REPO)) for path in python_files("mingpt")
+             if makers.search(path.read_text())]
+    assert found == ["mingpt/distributed/process_group.py"]
+
+
 def test_generating_text_loads_no_fsdp():
     code = "import sys, mingpt.generate; print('torch.distributed.fsdp' in sys.modules)"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -36,6 +36,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from mingpt.distributed.process_group import DistEnv, side_group
 from mingpt.reporting.errors import check
 
 STOP_EXIT_STATUS = 75
@@ -123,12 +124,12 @@ def handled_signals(stop_signals: list[str]) -> tuple[int, ...]:
 class StepAgreement:
     """Signals turned into a stop request, and rank 0's snapshot timer, agreed on by every rank."""
 
-    def __init__(self, stop_signals: list[str], save_every_minutes: float, is_main: bool):
+    def __init__(self, stop_signals: list[str], save_every_minutes: float, env: DistEnv):
         self.save_interval_s = 60.0 * save_every_minutes
-        self.is_main = is_main
+        self.is_main = env.is_main
         self.requested = 0
         """The first stop signal this process received (0: none)."""
-        self._group = dist.new_group(backend="gloo")  # never queued behind gradient traffic
+        self._group = side_group(env)  # never queued behind gradient traffic
         self._in_flight: Optional[tuple[dist.Work, torch.Tensor]] = None
         self._last_save = time.monotonic()
         self._previous_handlers = {number: signal.signal(number, self._on_signal)

@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -48,7 +48,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mingpt.distributed.cpu_collectives import overlap_and_reuse
 from mingpt.distributed.precision import Precision
-from mingpt.distributed.process_group import DistEnv, all_gather_objects
+from mingpt.distributed.process_group import DistEnv, all_gather_objects, grid_groups
 from mingpt.reporting.errors import check
 
 METHODS = ("ddp", "fsdp", "hsdp")
@@ -122,15 +122,23 @@ def _shard(model: nn.Module, parallelism: Parallelism, precision: Precision, env
 
 
 def sharding_mesh(method: str, env: DistEnv) -> DeviceMesh:
-    """The ranks fully_shard spreads the model over. fsdp: all of them, in one dimension. hsdp:
-    one row per node (torchrun numbers each node's ranks consecutively); given a 2-D mesh,
-    fully_shard shards along each row and replicates down the columns."""
+    """The ranks fully_shard spreads the model over. fsdp: all of them, in one dimension (the
+    default group). hsdp: one row per node (torchrun numbers each node's ranks consecutively);
+    given a 2-D mesh, fully_shard shards along each row and replicates down the columns. The
+    groups come from process_group, with the run's timeout (init_device_mesh would give its own
+    groups torch's default)."""
     if method == "fsdp":
-        return init_device_mesh(env.device.type, (env.world_size,))
+        return DeviceMesh.from_group(dist.group.WORLD, env.device.type)
     # Every rank learns every node's size (one small all-gather), so that all refuse alike.
     check_nodes_for_hsdp(all_gather_objects(env.local_world_size))
-    return init_device_mesh(env.device.type, (env.num_nodes, env.local_world_size),
-                            mesh_dim_names=HSDP_MESH_DIMS)
+    return hsdp_mesh(env, env.num_nodes, env.local_world_size)
+
+
+def hsdp_mesh(env: DistEnv, nodes: int, ranks_per_node: int) -> DeviceMesh:
+    node, across_nodes = grid_groups(env, nodes, ranks_per_node)
+    return DeviceMesh.from_group([across_nodes, node], env.device.type,
+                                 mesh=torch.arange(env.world_size).view(nodes, ranks_per_node),
+                                 mesh_dim_names=HSDP_MESH_DIMS)
 
 
 def check_nodes_for_hsdp(ranks_per_node: list[int]) -> None:

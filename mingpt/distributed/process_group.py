@@ -6,12 +6,15 @@ so the rest of the code runs the same collectives either way.
 """
 import gc
 import hashlib
+import ipaddress
 import os
+import socket
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Iterator
 
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -31,6 +34,8 @@ class DistEnv:
     local_world_size: int
     device: torch.device
     backend: str
+    timeout: timedelta = timedelta(seconds=DEFAULT_TIMEOUT_S)
+    """How long a collective on any of the run's groups waits for the slowest rank."""
 
     @property
     def is_main(self) -> bool:
@@ -101,7 +106,46 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> DistEnv:
         local_world_size=local_world_size,
         device=device,
         backend="nccl" if device.type == "cuda" else "gloo",
+        timeout=options["timeout"],
     )
+
+
+def gloo_interface() -> str:
+    """The network interface gloo's groups use across machines, found the way gloo finds it: the one
+    GLOO_SOCKET_IFNAME names, else the one holding the address this machine's hostname resolves to
+    (loopback when it resolves to none, or to loopback: then other machines cannot reach it)."""
+    named = os.environ.get("GLOO_SOCKET_IFNAME")
+    if named:
+        return f"{named} (GLOO_SOCKET_IFNAME)"
+    host = socket.gethostname()
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        address = "127.0.0.1"
+    interface = next((name for name, addresses in psutil.net_if_addrs().items()
+                      if any(a.address == address for a in addresses)), "?")
+    warning = (": other machines cannot reach it, set GLOO_SOCKET_IFNAME"
+               if ipaddress.ip_address(address).is_loopback else "")
+    return f"{interface} ({address}, the address of hostname {host}{warning})"
+
+
+# torch gives a group made after init_process_group its own default timeout (30 minutes for gloo,
+# 10 for NCCL), not the one the default group was given: every group the project makes comes from
+# here, with the run's.
+
+def side_group(env: DistEnv) -> dist.ProcessGroup:
+    """A gloo group of every rank beside the default one, for collectives that must not queue
+    behind (or interleave with) training's."""
+    return dist.new_group(backend="gloo", timeout=env.timeout)
+
+
+def grid_groups(env: DistEnv, rows: int, columns: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+    """This rank's row and column of the ranks laid out row by row in a rows x columns grid. Every
+    rank takes part in making every group (torch requires it)."""
+    grid = torch.arange(env.world_size).view(rows, columns)
+    row, _ = dist.new_subgroups_by_enumeration(grid.tolist(), timeout=env.timeout)
+    column, _ = dist.new_subgroups_by_enumeration(grid.t().tolist(), timeout=env.timeout)
+    return row, column
 
 
 @contextmanager

@@ -67,8 +67,13 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 class BackgroundSaves:
     """At most one save in flight, on one worker thread; its error is handed to the training thread."""
 
-    def __init__(self) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot-writer")
+    def __init__(self, device: torch.device = torch.device("cpu")) -> None:
+        # A new thread's current CUDA device is GPU 0, whatever the training thread's: a writer
+        # left there would open a CUDA context on GPU 0 from every rank (about 0.5 GB each; in
+        # exclusive-process mode the save fails) when DCP synchronises a stream.
+        on_device = (torch.cuda.set_device, (device,)) if device.type == "cuda" else (None, ())
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot-writer",
+                                            initializer=on_device[0], initargs=on_device[1])
         self._in_flight: Optional[Future] = None
         self.staging = StagingBuffer()
         """Where the state is copied for the writer; call finish() first (the writer reads it)."""

@@ -16,12 +16,11 @@ from dataclasses import asdict, dataclass, replace
 from typing import Iterator, Optional
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from mingpt.distributed.control import Decision
 from mingpt.distributed.parallel import unwrap
-from mingpt.distributed.process_group import DistEnv, all_gather_objects, any_rank
+from mingpt.distributed.process_group import DistEnv, all_gather_objects, any_rank, side_group
 from mingpt.reporting.errors import SnapshotError
 from mingpt.reporting.logger import log, warn_once
 from mingpt.storage.background_save import BackgroundSaves
@@ -49,11 +48,11 @@ class SnapshotPolicy:
     """A step budget's run (max_steps) ends with a snapshot of its last step."""
 
 
-def open_snapshot_store(policy: SnapshotPolicy) -> SnapshotStore:
+def open_snapshot_store(policy: SnapshotPolicy, env: DistEnv) -> SnapshotStore:
     """Every rank calls this, at the same point: a background sharded save gets a gloo group of its
     own, so that its collectives (DCP's planning) never interleave with training's on one group."""
     if policy.snapshot_format == "sharded":
-        group = dist.new_group(backend="gloo") if policy.async_snapshots else None
+        group = side_group(env) if policy.async_snapshots else None
         return ShardedSnapshotStore(policy.path, policy.keep_last, process_group=group)
     return FullStateStore(policy.path, policy.keep_last)
 
@@ -82,8 +81,8 @@ class Checkpointer:
         self.policy = policy
         self.env = env
         self.vocab = vocab
-        self.store = open_snapshot_store(policy)
-        self.saves = BackgroundSaves()
+        self.store = open_snapshot_store(policy, env)
+        self.saves = BackgroundSaves(env.device)
         """The snapshot writer of async_snapshots."""
         self.last_saved: Optional[Progress] = None
         """The training position of the last snapshot taken or restored."""

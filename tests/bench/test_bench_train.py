@@ -85,7 +85,7 @@ class TimedTrainer:
     def batches(self):
         while True:
             self.clock.now += DATA_S
-            yield torch.zeros(1), torch.zeros(1)
+            yield torch.zeros(1, 2, dtype=torch.long)  # one window: inputs and targets of one token
 
     def compute_loss(self, inputs, targets):
         self.clock.now += FORWARD_S

@@ -1,6 +1,7 @@
 """control.py: signals and rank 0's snapshot timer, turned into decisions every rank reads alike."""
 import os
 import signal
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -27,7 +28,7 @@ def test_signal_names_in_any_spelling():
 
 def test_a_signal_stops_the_run_one_step_later_and_a_second_changes_nothing(world_of_one):
     before = signal.getsignal(signal.SIGUSR1)
-    agreement = StepAgreement(["SIGUSR1"], save_every_minutes=0, is_main=True)
+    agreement = StepAgreement(["SIGUSR1"], save_every_minutes=0, env=world_of_one)
     try:
         assert agreement.after_step() == Decision()
         os.kill(os.getpid(), signal.SIGUSR1)
@@ -42,7 +43,7 @@ def test_a_signal_stops_the_run_one_step_later_and_a_second_changes_nothing(worl
 
 def test_ctrl_c_asks_for_a_stop_with_a_line_and_a_second_quits_at_once(world_of_one, capfd):
     before = signal.getsignal(signal.SIGINT)
-    agreement = StepAgreement([], save_every_minutes=0, is_main=True)  # Ctrl-C whatever the stop signals
+    agreement = StepAgreement([], save_every_minutes=0, env=world_of_one)  # Ctrl-C whatever the stop signals
     try:
         assert signal.getsignal(signal.SIGINT) != before  # else the Ctrl-C below would stop pytest itself
         os.kill(os.getpid(), signal.SIGINT)
@@ -69,7 +70,7 @@ def clock(monkeypatch) -> list[float]:
 
 
 def test_the_timer_asks_for_one_snapshot_per_interval(world_of_one, clock):
-    agreement = StepAgreement([], save_every_minutes=1, is_main=True)
+    agreement = StepAgreement([], save_every_minutes=1, env=world_of_one)
     try:
         clock[0] += 59
         assert agreement.after_step() == Decision()  # the timer has not run out
@@ -84,7 +85,7 @@ def test_the_timer_asks_for_one_snapshot_per_interval(world_of_one, clock):
 
 
 def test_only_rank_zero_keeps_the_time(world_of_one, clock):
-    agreement = StepAgreement([], save_every_minutes=1, is_main=False)
+    agreement = StepAgreement([], save_every_minutes=1, env=replace(world_of_one, rank=1))
     try:
         clock[0] += 120
         assert [agreement.after_step() for _ in range(3)] == [Decision()] * 3
@@ -93,7 +94,7 @@ def test_only_rank_zero_keeps_the_time(world_of_one, clock):
 
 
 def test_a_failed_background_save_is_carried_to_every_rank_one_step_later(world_of_one):
-    agreement = StepAgreement([], save_every_minutes=0, is_main=False)
+    agreement = StepAgreement([], save_every_minutes=0, env=replace(world_of_one, rank=1))
     try:
         assert agreement.after_step(save_failed=True) == Decision()  # posted now, read after the next step
         assert agreement.after_step() == Decision(save_failed=True)

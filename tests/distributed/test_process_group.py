@@ -4,7 +4,9 @@ import torch
 import torch.distributed as dist
 
 from mingpt.distributed import process_group
+from mingpt.distributed.parallel import HSDP_MESH_DIMS, hsdp_mesh, sharding_mesh
 from mingpt.reporting.errors import MinGPTError
+from mingpt.storage.checkpointer import Checkpointer, SnapshotPolicy
 
 
 def test_cuda_ranks_get_a_cpu_backend_beside_nccl():
@@ -23,11 +25,43 @@ def test_more_ranks_than_gpus_is_refused_up_front(monkeypatch):
         process_group._pick_device(local_rank=1, local_world_size=2)
 
 
+def test_the_interface_gloo_uses_across_machines_is_named(monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ib0")
+    assert process_group.gloo_interface() == "ib0 (GLOO_SOCKET_IFNAME)"
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    monkeypatch.setattr(process_group.socket, "gethostname", lambda: "localhost")
+    assert process_group.gloo_interface() == (
+        "lo (127.0.0.1, the address of hostname localhost: other machines cannot reach it, "
+        "set GLOO_SOCKET_IFNAME)")
+
+
+def timeout_s(group: dist.ProcessGroup) -> float:
+    """A group's collective timeout (through a private attribute: pinned by the test below)."""
+    return group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+
+
 def test_the_collective_timeout_comes_from_the_caller():
     env = process_group.init_distributed(timeout_s=123)
     try:
-        backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
-        assert backend.options._timeout.total_seconds() == 123
+        assert timeout_s(dist.distributed_c10d._get_default_group()) == 123
         assert env.world_size == 1 and env.backend == ("nccl" if torch.cuda.is_available() else "gloo")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_group_the_run_makes_has_its_timeout(tmp_path):
+    """Not torch's default of 30 minutes: a user who raises the timeout for a slow snapshot save gets
+    it on the stop agreement's group, the background save's, and FSDP's and HSDP's meshes alike."""
+    env = process_group.init_distributed(timeout_s=77)
+    try:
+        policy = SnapshotPolicy(str(tmp_path / "snapshots"), snapshot_format="sharded", async_snapshots=True)
+        fsdp, hsdp = sharding_mesh("fsdp", env), hsdp_mesh(env, nodes=1, ranks_per_node=1)
+        groups = {
+            "side": process_group.side_group(env),
+            "background save": Checkpointer(policy, env, vocab=["a"]).store.process_group,
+            "fsdp": fsdp.get_group(),
+            **{f"hsdp {name}": hsdp.get_group(name) for name in HSDP_MESH_DIMS},
+        }
+        assert {name: timeout_s(group) for name, group in groups.items()} == dict.fromkeys(groups, 77)
     finally:
         dist.destroy_process_group()

@@ -292,6 +292,8 @@ class TestTwoHosts:
         assert "group_rank=0" in node1 and "group_rank=1" in node2
         assert "group_world_size=2" in node1 and "group_world_size=2" in node2
         assert "master_addr=node1" in node2, "node2's worker did not meet at node1's address"
+        # Start-up names the link the gloo groups use between the hosts (each has its veth0 only).
+        assert f"gloo across nodes on veth0 ({TwoHosts.ADDRESSES[0]}, the address of hostname node1)" in node1
 
     def test_killed_worker_on_second_host_restarts_both_and_resumes(self, two_host_run):
         node1, node2 = two_host_run.logs

@@ -85,6 +85,20 @@ def test_finish_hands_over_the_writers_error_and_failed_never_waits():
     assert saves.finish() is None and not saves.failed()  # handed over once
 
 
+def test_the_writer_thread_drives_the_ranks_gpu(monkeypatch):
+    """Not GPU 0, a new thread's default: set before its first save (recorded here, no GPU needed)."""
+    devices_set = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: devices_set.append(
+        (device, threading.current_thread().name)))
+    saves = BackgroundSaves(torch.device("cuda", 3))
+    saves.submit(lambda: None)
+    assert saves.finish() is None
+    [(device, thread)] = devices_set
+    assert device == torch.device("cuda", 3) and thread.startswith("snapshot-writer")
+    BackgroundSaves(torch.device("cpu")).submit(lambda: None)
+    assert len(devices_set) == 1  # on the CPU nothing to set
+
+
 def test_a_save_refused_mid_run_stops_the_run_with_its_error_and_keeps_the_previous_snapshot(
         text_file, tmp_path, capsys, one_torch_thread):
     """The disk refuses the resumed run's first snapshot (of step 50): a file size limit

@@ -7,7 +7,7 @@ import psutil
 import torch
 from helpers import make_text
 
-from mingpt.char_dataset import CharDataset, DataConfig, split_dataset
+from mingpt.char_dataset import CharDataset, DataConfig, inputs_and_targets, split_dataset
 from mingpt.distributed.process_group import DistEnv
 from mingpt.tokens.data_loader import DEFAULT_WORKERS, GlobalOrderSampler, make_dataloader, usable_workers
 
@@ -81,14 +81,18 @@ def test_an_eval_subset_is_fixed_and_unshuffled_passes_keep_the_split_order():
 
 
 def test_the_loader_gathers_whole_batches_of_windows():
+    """One contiguous (B, T + 1) tensor per batch: on a GPU one pinned, asynchronous copy, split
+    into inputs and targets on the device (char_dataset.inputs_and_targets)."""
     text = make_text(3000)
     dataset = CharDataset(text, block_size=8)
     train, _ = split_dataset(dataset, DataConfig(path="unused", block_size=8), seed=0)
     loader = make_dataloader(train, batch_size=16, workers=0, env=env(0, 1), shuffle=True, seed=3)
     loader.sampler.set_epoch(1)
     indices = next(iter(loader.sampler))
-    x, y = next(iter(loader))
-    assert x.shape == y.shape == (16, 8) and x.dtype == torch.int64
+    windows = next(iter(loader))
+    assert isinstance(windows, torch.Tensor) and windows.is_contiguous()
+    assert windows.shape == (16, 9) and windows.dtype == torch.int64
+    x, y = inputs_and_targets(windows)
     for row, start in enumerate(train.starts(indices).tolist()):
         assert dataset.decode(x[row]) == text[start:start + 8]
         assert dataset.decode(y[row]) == text[start + 1:start + 9]

@@ -71,8 +71,8 @@ class AlsoSharded:
 
 def also_sharded(folder: str, record_to: Optional[Path]) -> None:
     open_store = checkpointer_module.open_snapshot_store
-    checkpointer_module.open_snapshot_store = lambda policy: AlsoSharded(open_store(policy), folder,
-                                                                         record_to)
+    checkpointer_module.open_snapshot_store = lambda policy, env: AlsoSharded(open_store(policy, env), folder,
+                                                                              record_to)
 
 
 def record_shards(folder: Path) -> None:

@@ -40,7 +40,8 @@ def local_test_loss(trainer: Trainer) -> tuple[float, int]:
     """This rank's summed test loss and sample count, computed apart from Trainer.evaluate."""
     trainer.model.eval()
     total, count = 0.0, 0
-    for inputs, targets in trainer.test_loader:
+    for windows in trainer.test_loader:
+        inputs, targets = trainer.to_device(windows)
         total += trainer.model(inputs, targets)[1].item() * len(inputs)
         count += len(inputs)
     trainer.model.train()
@@ -62,7 +63,7 @@ def probe(method: str, text_path: str, env) -> dict:
     trainer.train_loader.sampler.set_epoch(1)
     epoch_samples = [start for batch in trainer.train_loader.sampler
                      for start in train_set.starts(batch).tolist()]
-    inputs, targets = next(iter(trainer.train_loader))
+    inputs, targets = trainer.to_device(next(iter(trainer.train_loader)))
     before = digest(trainer)
     trainer.train_step(inputs, targets)
     after = digest(trainer)
