@@ -168,8 +168,7 @@ class Trainer:
         method = parallel.Parallelism(config.distributed_method, config.cpu_offload,
                                       config.reshard_after_forward, cpu_collectives=env.device.type == "cpu")
         self.model = parallel.parallelize(model, method, self.precision, env, compile=config.compile)
-        fused = parallel.fused_optimizer_allowed(self.model, self.precision)
-        self.optimizer = create_optimizer(self.model, self.optimizer_config, allow_fused=fused)
+        self.optimizer = create_optimizer(self.model, self.optimizer_config)
         self.scaler = parallel.grad_scaler(self.model, self.precision, env)
         # FSDP (and HSDP) casts parameters itself; autocast on top would only add casts.
         fsdp_casts = parallel.computes_in_precision(self.model)

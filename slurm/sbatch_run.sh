@@ -22,6 +22,12 @@
 #                   has saved its snapshot, so that it resumes from there when it runs again
 #   STOP_GRACE      seconds torchrun gives its workers to save after a stop signal (default 110;
 #                   keep it under the warning time)
+#   GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME
+#                   the network interface between the nodes (for example ens5), when the one each
+#                   picks by itself is wrong: gloo takes the one of the address the node's hostname
+#                   resolves to, NCCL an ib* one or else the first that is not loopback or docker.
+#                   The training's start-up line "World: ..." names gloo's. See slurm/README.md,
+#                   "Choosing the network interface".
 #
 # A training process that dies is restarted, with every other one, by torchrun (up to MAX_RESTARTS
 # times) and resumes from the last snapshot. A node that dies ends the job; submit it again (or

@@ -197,8 +197,23 @@ def grad_scaler(model: nn.Module, precision: Precision, env: DistEnv) -> torch.a
     must skip the step on all of them: ShardedGradScaler all-reduces the overflow flag over the world.
     """
     if is_sharded(model) and precision.needs_grad_scaler:
-        return ShardedGradScaler(env.device.type, process_group=dist.group.WORLD)
+        return FusedShardedGradScaler(env.device.type, process_group=dist.group.WORLD)
     return torch.amp.GradScaler(env.device.type, enabled=precision.needs_grad_scaler)
+
+
+class FusedShardedGradScaler(ShardedGradScaler):
+    """ShardedGradScaler whose overflow flag the fused AdamW takes, so that a step never waits for
+    the host. Its flag has shape (1,), which the fused kernel refuses (it subtracts the flag from the
+    0-d step counts), and without the fused kernel GradScaler reads the flag with .item() to decide
+    whether to step: a host sync at every step. After unscale_ (which all-reduces the flag over the
+    ranks) the flags become 0-d views, as GradScaler's own are.
+    """
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        super().unscale_(optimizer)
+        state = self._per_optimizer_states[id(optimizer)]
+        state["found_inf_per_device"] = {device: found_inf.reshape(())
+                                         for device, found_inf in state["found_inf_per_device"].items()}
 
 
 def gradient_sync(model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
@@ -220,11 +235,6 @@ def _fsdp_no_sync(model: FSDPModule):
         yield
     finally:
         model.set_requires_gradient_sync(True)
-
-
-def fused_optimizer_allowed(model: nn.Module, precision: Precision) -> bool:
-    """Not with FSDP's fp16 scaler: its overflow flag has a shape the fused AdamW kernel refuses."""
-    return not (is_sharded(model) and precision.needs_grad_scaler)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -261,14 +271,15 @@ def restore_full_state(
 
 
 OPTIMIZER_BUILD_FLAGS = ("fused", "foreach", "capturable", "differentiable")
-"""How an optimizer computes its step, chosen for the run that builds it (see fused_optimizer_allowed)."""
+"""How an optimizer computes its step, chosen for the run that builds it (model.create_optimizer)."""
 
 
 def restore_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict,
                             options: Optional[StateDictOptions] = None) -> None:
     """Load optimizer state, keeping this run's build flags. Loading restores param_groups whole,
-    so an FSDP+fp16 snapshot (unfused AdamW) would make a DDP+fp16 run's AdamW unfused while its
-    GradScaler, seeing an optimizer built fused, hands it the scale, and the step fails. The flags
+    so a snapshot of an unfused AdamW (CPU offload's mixed devices, or FSDP with fp16 before
+    FusedShardedGradScaler) would make a fused run's AdamW unfused while its GradScaler, seeing an
+    optimizer built fused, hands it the scale, and the step fails. The flags
     are set before loading: they also decide where loading puts the step counts (on the GPU for
     the fused kernel, on the CPU otherwise)."""
     own = {key: optimizer.param_groups[0][key] for key in OPTIMIZER_BUILD_FLAGS}

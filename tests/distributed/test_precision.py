@@ -2,6 +2,7 @@
 autocast (use_amp, the default, on this project's CPUs) and fp16 autocast with a GradScaler (every
 CUDA run's default, forced on the CPU by tests/workers/amp_probe.py)."""
 import shutil
+import sys
 
 import pytest
 import torch
@@ -164,7 +165,7 @@ def test_fp16_with_a_grad_scaler_trains_and_resumes_bitwise(text_file, tmp_path,
             assert_same_state(snapshot[key], expected[name][key], f"{name} {key}")
 
 
-def small_trainer(tmp_path, monkeypatch, force_fp16=False):
+def small_trainer(tmp_path, monkeypatch, force_fp16=False, method="ddp"):
     """A Trainer of a tiny model without dropout in a world of one, and a batch of 8 for it."""
     from helpers import make_text
 
@@ -184,9 +185,27 @@ def small_trainer(tmp_path, monkeypatch, force_fp16=False):
     ids = torch.randint(dataset.vocab_size, (8, 17), generator=torch.Generator().manual_seed(0))
     env = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=CPU, backend="gloo")
     config = trainer_module.TrainerConfig(batch_size=8, data_loader_workers=0, use_amp=True,
-                                          snapshot_path=str(tmp_path / "s.pt"))
+                                          snapshot_path=str(tmp_path / "s.pt"), distributed_method=method)
     trainer = trainer_module.Trainer(config, model, OptimizerConfig(), dataset, None, dataset.vocab, env)
     return trainer, ids[:, :-1], ids[:, 1:]
+
+
+@pytest.mark.parametrize("method", ["ddp", "fsdp"])
+def test_an_fp16_step_never_reads_a_value_back_to_the_host(tmp_path, monkeypatch, world_of_one,
+                                                            one_torch_thread, method):
+    """.item() is a host sync on a GPU: GradScaler reads its overflow flag so unless the optimizer's
+    fused kernel takes the flag itself, which FSDP's ShardedGradScaler's flag did not fit."""
+    trainer, inputs, targets = small_trainer(tmp_path, monkeypatch, force_fp16=True, method=method)
+    readers = []
+    item = torch.Tensor.item
+    monkeypatch.setattr(torch.Tensor, "item", lambda tensor: readers.append(sys._getframe(1).f_code.co_name)
+                        or item(tensor))
+    for _ in range(3):
+        trainer.train_step(inputs, targets)
+    monkeypatch.undo()  # before anything else reads a value back
+    # ShardedGradScaler updates a scale that lives on the CPU in Python; on a GPU, with a kernel.
+    assert [reader for reader in readers if reader != "_amp_update_scale_cpu_"] == []
+    assert trainer.scaler.get_scale() == INITIAL_SCALE  # no overflow, no skipped step, scale unchanged
 
 
 @needs_native_bf16
