@@ -179,10 +179,10 @@ def fp16_run(launcher: list, method: str, snapshots) -> tuple[str, float, float,
 
 
 def test_fsdp_fp16_trains_with_the_sharded_grad_scaler_and_ddp_resumes_it(tmp_path):
-    """The FSDP+fp16 optimizer is unfused (for the sharded scaler); a DDP+fp16 run resuming its
-    snapshot must keep its own fused AdamW, or the GradScaler hands an unfused step its scale."""
+    """FSDP+fp16 steps the fused AdamW with the sharded scaler's overflow flag (all-reduced over the
+    ranks); a DDP+fp16 run resuming its snapshot keeps its own optimizer's build flags."""
     scaler, first, last, scale = fp16_run([*TORCHRUN, "--standalone", "--nproc_per_node=2"], "fsdp", tmp_path)
-    assert scaler == "ShardedGradScaler"
+    assert scaler == "FusedShardedGradScaler"
     assert last < first - 1.0 and scale > 1.0
     scaler, first_resumed, _, _ = fp16_run([sys.executable], "ddp", tmp_path)
     assert scaler == "GradScaler"

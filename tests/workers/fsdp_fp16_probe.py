@@ -3,8 +3,8 @@
     fsdp_fp16_probe.py METHOD SNAPSHOT_FOLDER
 
 A CPU never chooses fp16 (precision.py), so this forces the CUDA-style choice to exercise that path
-here: with fsdp, FSDP's fp16 mixed-precision policy, ShardedGradScaler, and the optimizer that works
-with it; with ddp, autocast and the plain GradScaler with fused AdamW. It resumes from the snapshot
+here: with fsdp, FSDP's fp16 mixed-precision policy and the sharded scaler (FusedShardedGradScaler);
+with ddp, autocast and the plain GradScaler; the fused AdamW with both. It resumes from the snapshot
 folder's newest snapshot when there is one, trains 30 steps and saves. Rank 0 prints
 `FP16 <scaler> <first loss> <last loss> <scale>`.
 """
