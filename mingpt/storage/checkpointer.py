@@ -57,6 +57,13 @@ def open_snapshot_store(policy: SnapshotPolicy, env: DistEnv) -> SnapshotStore:
     return FullStateStore(policy.path, policy.keep_last)
 
 
+def training_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Every tensor training changes in place: parameters, buffers and the optimizer's state."""
+    optimizer_state = [value for state in optimizer.state.values() for value in state.values()
+                       if isinstance(value, torch.Tensor)]
+    return [*model.parameters(), *model.buffers(), *optimizer_state]
+
+
 def capture_rng(device: torch.device) -> dict[str, Optional[torch.Tensor]]:
     return {"cpu": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
@@ -135,7 +142,9 @@ class Checkpointer:
             model_config=asdict(unwrap(model).config),
         )
         if self.policy.async_snapshots:
-            write = self.store.capture(model, optimizer, info, self.env.is_main, copy=self.saves.staging.copy)
+            live = training_tensors(model, optimizer)
+            write = self.store.capture(model, optimizer, info, self.env.is_main,
+                                       copy=lambda state: self.saves.staging.copy(state, live))
 
             def write_and_log() -> None:
                 write()

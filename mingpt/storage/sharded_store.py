@@ -19,7 +19,7 @@ import logging
 import pickle
 import re
 from dataclasses import replace
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -121,6 +121,45 @@ def _sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[
     return tensors, optimizer_state["param_groups"]
 
 
+def rank_share(state: dict, rank: int, world_size: int) -> dict:
+    """The part of a (nested) state dict that rank writes: its shards (DTensors), and its share of the
+    whole tensors every rank holds alike (all of them under DDP; the step counts under FSDP), dealt
+    out largest first to the rank with the fewest bytes so far, the same on every rank. DCP would
+    write each of those once anyway (its planner drops the duplicates), but only after every rank
+    had staged a copy of all of them; loading reads them from wherever they were written."""
+    whole = sorted(((path, tensor) for path, tensor in _leaves(state) if not hasattr(tensor, "to_local")),
+                   key=lambda item: (-item[1].numel() * item[1].element_size(), item[0]))
+    load = [0] * world_size
+    others = set()
+    for path, tensor in whole:
+        writer = load.index(min(load))
+        load[writer] += tensor.numel() * tensor.element_size()
+        if writer != rank:
+            others.add(path)
+    return _without(state, others)
+
+
+def _leaves(state: dict, path: tuple = ()) -> Iterator[tuple[tuple, Any]]:
+    for key, value in state.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, (*path, key))
+        else:
+            yield (*path, key), value
+
+
+def _without(state: dict, paths: set, path: tuple = ()) -> dict:
+    """state less the leaves at paths, and less the dicts left empty (DCP would store one as bytes)."""
+    kept = {}
+    for key, value in state.items():
+        if isinstance(value, dict):
+            value = _without(value, paths, (*path, key))
+            if value:
+                kept[key] = value
+        elif (*path, key) not in paths:
+            kept[key] = value
+    return kept
+
+
 class ShardedSnapshotStore:
     """A folder of sharded snapshots (`snapshot_format=sharded`): a store.SnapshotStore."""
 
@@ -144,15 +183,18 @@ class ShardedSnapshotStore:
 
     def capture(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: Snapshot, is_main: bool,
                 copy: Callable[[Any], Any] = lambda state: state) -> Callable[[], None]:
-        """The part of a save each rank takes now: its shards, passed through copy (a staging copy,
-        for a background write). Returns the write, for every rank to run, now or in the background."""
-        state = _sharded_state(model, optimizer)
+        """The part of a save each rank takes now: what it writes (rank_share), passed through copy (a
+        staging copy, for a background write). Returns the write, for every rank to run, now or in
+        the background."""
+        tensors, param_groups = _sharded_state(model, optimizer)
         target = f"{self.path}/sharded_{info.step:09d}"
         if info.step == self._shards_step:
-            info_only = replace(info, optimizer_state={"param_groups": state[1]})
+            info_only = replace(info, optimizer_state={"param_groups": param_groups})
             return lambda: self._complete(target, info_only, is_main)
         self._shards_step = info.step
-        tensors, param_groups = copy(state)
+        group = self.process_group
+        share = rank_share(tensors, dist.get_rank(group), dist.get_world_size(group))
+        tensors, param_groups = copy((share, param_groups))
         info_without_tensors = replace(info, optimizer_state={"param_groups": param_groups})
         return lambda: self._write(target, tensors, info_without_tensors, is_main)
 

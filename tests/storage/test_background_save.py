@@ -12,6 +12,7 @@ from torch.distributed.fsdp import fully_shard
 
 from mingpt.distributed.parallel import gather_full_state
 from mingpt.storage.background_save import BackgroundSaves, StagingBuffer
+from mingpt.storage.checkpointer import training_tensors
 from mingpt.storage.snapshot import read_snapshot
 
 
@@ -47,16 +48,31 @@ def test_the_staged_copy_shares_nothing_with_training_and_is_reused(world_of_one
         staging = StagingBuffer()
         state = stepped_state(model, optimizer, full)
         taken = local_values(state)
-        copy = staging.copy(state)
+        copy = staging.copy(state, training_tensors(model, optimizer))
         stepped_state(model, optimizer, full)  # training goes on while the writer writes
         assert not torch.equal(local_values(state)[0]["weight"], taken[0]["weight"])  # views of live state
         assert_same_state(local_values(copy), taken)  # the copy kept the step it was taken at
         if not full:
             assert type(copy[0]["weight"]) is type(state[0]["weight"])  # a DTensor, for DCP's planner
             assert copy[0]["weight"].placements == state[0]["weight"].placements
-        again = staging.copy(stepped_state(model, optimizer, full))
+        again = staging.copy(stepped_state(model, optimizer, full), training_tensors(model, optimizer))
         assert local_memory(again[0]["weight"]) == local_memory(copy[0]["weight"])  # reused
         assert_same_state(local_values(again), local_values(state))
+
+
+def test_what_a_gather_has_just_made_is_not_copied_again(world_of_one):
+    """Only what shares memory with training is staged: a freshly made tensor (FSDP's gathered full
+    state, a GPU's state moved to the host) is the writer's already; a second copy would only
+    double the host memory a save holds."""
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(model.parameters())
+    live_state, _ = stepped_state(model, optimizer, full=True)  # views of the parameters (CPU DDP)
+    fresh_state = {name: tensor.clone() for name, tensor in live_state.items()}
+    staging = StagingBuffer()
+    staged = staging.copy({"live": live_state, "fresh": fresh_state}, training_tensors(model, optimizer))
+    assert all(staged["fresh"][name] is fresh_state[name] for name in fresh_state)
+    assert all(local_memory(staged["live"][name]) != local_memory(live_state[name]) for name in live_state)
+    assert staging.copied_bytes == sum(t.numel() * t.element_size() for t in live_state.values())
 
 
 def test_finish_hands_over_the_writers_error_and_failed_never_waits():

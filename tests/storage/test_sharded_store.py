@@ -150,3 +150,30 @@ def test_a_second_save_at_the_same_step_rewrites_info_only(world_of_one, tmp_pat
     assert shard_writes == [], "the shards of step 7 were written again, in place"
     written = read_snapshot(str(tmp_path / "sharded_000000007" / "info.pt"))
     assert (written.finished_epoch, written.epoch_step) == (1, 0)
+
+
+def test_each_rank_stages_and_writes_only_its_share_of_what_every_rank_holds(world_of_one):
+    """Under DDP every rank holds the whole state: each stages and writes a part of about equal bytes,
+    the parts together the whole state, once. A shard (DTensor) is its own rank's on every rank."""
+    from torch.distributed.fsdp import fully_shard
+
+    from mingpt.storage.sharded_store import rank_share
+
+    sizes = {"a": 100, "b": 70, "c": 40, "d": 30, "e": 20, "f": 1}
+    state = {"model": {name: torch.zeros(size) for name, size in sizes.items()},
+             "optimizer": {"a": {"exp_avg": torch.zeros(100), "step": torch.zeros(())}}}
+    shares = [rank_share(state, rank, world_size=2) for rank in range(2)]
+
+    def leaves(share, path=()):
+        for key, value in share.items():
+            yield from leaves(value, (*path, key)) if isinstance(value, dict) else [((*path, key), value)]
+
+    owned = [dict(leaves(share)) for share in shares]
+    assert owned[0].keys().isdisjoint(owned[1].keys())
+    assert owned[0].keys() | owned[1].keys() == dict(leaves(state)).keys()
+    assert all(value is dict(leaves(state))[path] for part in owned for path, value in part.items())
+    part_bytes = [sum(t.numel() * t.element_size() for t in part.values()) for part in owned]
+    assert abs(part_bytes[0] - part_bytes[1]) <= 100 * 4  # within the largest tensor
+    assert rank_share(state, 0, world_size=1) == state
+    shard = fully_shard(torch.nn.Linear(4, 4)).weight  # a DTensor: this rank's part, kept by it
+    assert all(rank_share({"w": shard}, rank, world_size=2) == {"w": shard} for rank in range(2))
