@@ -166,7 +166,7 @@ class Trainer:
                                   config.distributed_method, config.cpu_offload, env)
         check_memory(self.memory, env)  # before anything is allocated
         method = parallel.Parallelism(config.distributed_method, config.cpu_offload,
-                                      config.reshard_after_forward, cpu_collectives=env.device.type == "cpu")
+                                      config.reshard_after_forward, cpu_collectives=env.backend == "gloo")
         self.model = parallel.parallelize(model, method, self.precision, env, compile=config.compile)
         self.optimizer = create_optimizer(self.model, self.optimizer_config)
         self.scaler = parallel.grad_scaler(self.model, self.precision, env)

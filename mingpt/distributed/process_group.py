@@ -23,6 +23,15 @@ from mingpt.reporting.errors import MinGPTError
 DEFAULT_TIMEOUT_S = 1800.0
 """Collectives wait this long for the slowest rank (NCCL's own default is 10 minutes)."""
 
+RANKS_SHARE_GPU = "MINGPT_RANKS_SHARE_GPU"
+"""Set to 1, several ranks of a machine may drive one GPU, talking through gloo (NCCL refuses two
+ranks on one device; gloo moves CUDA tensors through host memory). For checking the multi-rank CUDA
+paths on a machine with one GPU (bench/multi_rank_cuda.py), not for training: it is slow."""
+
+
+def ranks_share_gpu() -> bool:
+    return os.environ.get(RANKS_SHARE_GPU) == "1"
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -66,10 +75,10 @@ def _pick_device(local_rank: int, local_world_size: int) -> torch.device:
     if not torch.cuda.is_available():
         return torch.device("cpu")
     gpus = torch.cuda.device_count()
-    if local_world_size > gpus:
+    if local_world_size > gpus and not ranks_share_gpu():
         raise MinGPTError(f"{local_world_size} processes on this machine but {gpus} GPU(s) visible; start "
                           f"one process per GPU (torchrun --nproc_per_node={gpus}, or python launch.py)")
-    device = torch.device("cuda", local_rank)
+    device = torch.device("cuda", local_rank % gpus)
     torch.cuda.set_device(device)
     return device
 
@@ -77,8 +86,9 @@ def _pick_device(local_rank: int, local_world_size: int) -> torch.device:
 def backend_for(device: torch.device) -> str:
     """NCCL for CUDA tensors, and gloo beside it for CPU tensors: FSDP's CPU offload keeps gradient
     shards in host memory, and clipping all-reduces their norms, which a plain "nccl" group refuses
-    ("No backend type associated with device type cpu"). Gloo alone on a CPU-only machine."""
-    return "cuda:nccl,cpu:gloo" if device.type == "cuda" else "gloo"
+    ("No backend type associated with device type cpu"). Gloo alone on a CPU-only machine, and for
+    ranks that share a GPU (RANKS_SHARE_GPU)."""
+    return "cuda:nccl,cpu:gloo" if device.type == "cuda" and not ranks_share_gpu() else "gloo"
 
 
 def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> DistEnv:
@@ -93,19 +103,20 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> DistEnv:
     world_size = _env_int("WORLD_SIZE", 1)
     local_world_size = _env_int("LOCAL_WORLD_SIZE", 1)
     device = _pick_device(local_rank, local_world_size)
+    backend = backend_for(device)
     options = {"timeout": timedelta(seconds=timeout_s),
-               "device_id": device if device.type == "cuda" else None}  # binds NCCL to this GPU
+               "device_id": device if "nccl" in backend else None}  # binds NCCL to this GPU
     if launched:
-        dist.init_process_group(backend_for(device), **options)
+        dist.init_process_group(backend, **options)
     else:
-        dist.init_process_group(backend_for(device), store=dist.HashStore(), rank=0, world_size=1, **options)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **options)
     return DistEnv(
         rank=rank,
         local_rank=local_rank,
         world_size=world_size,
         local_world_size=local_world_size,
         device=device,
-        backend="nccl" if device.type == "cuda" else "gloo",
+        backend="nccl" if "nccl" in backend else "gloo",
         timeout=options["timeout"],
     )
 

@@ -25,6 +25,16 @@ def test_more_ranks_than_gpus_is_refused_up_front(monkeypatch):
         process_group._pick_device(local_rank=1, local_world_size=2)
 
 
+def test_ranks_may_share_a_gpu_through_gloo_when_asked(monkeypatch):
+    """bench/multi_rank_cuda.py's way to run 2 ranks on a machine's one GPU (NCCL would refuse)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setenv(process_group.RANKS_SHARE_GPU, "1")
+    assert process_group._pick_device(local_rank=1, local_world_size=2) == torch.device("cuda", 0)
+    assert process_group.backend_for(torch.device("cuda", 0)) == "gloo"
+
+
 def test_the_interface_gloo_uses_across_machines_is_named(monkeypatch):
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ib0")
     assert process_group.gloo_interface() == "ib0 (GLOO_SOCKET_IFNAME)"
