@@ -1,6 +1,7 @@
 """flops.py: the peak MFU is held against, and MFU's one definition."""
 import math
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,6 +19,21 @@ def test_matmul_flops_by_size_measures_each_size(one_torch_thread):
     rates = flops.matmul_flops_by_size(sizes=(64, 128), repeats=2)
     assert list(rates) == [64, 128]
     assert all(math.isfinite(r) and r > 1e6 for r in rates.values())
+
+
+def pretend_gpu(monkeypatch, name: str, sms: int = 1000) -> None:
+    """torch.cuda reports a GPU of this name with this many SMs (by default more than any has)."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device=None: SimpleNamespace(multi_processor_count=sms))
+
+
+def test_a_mig_slice_is_measured_against_its_share_of_the_gpu(monkeypatch):
+    """A MIG slice's name holds its GPU's; its SMs say how much of the GPU it is (1g.10gb: 16 of 132)."""
+    pretend_gpu(monkeypatch, "NVIDIA H100 80GB HBM3", sms=16)
+    assert flops.gpu_peak_flops(torch.device("cuda"), "bf16") == pytest.approx(989.5e12 * 16 / 132)
+    pretend_gpu(monkeypatch, "NVIDIA H100 80GB HBM3", sms=132)
+    assert flops.gpu_peak_flops(torch.device("cuda"), "bf16") == 989.5e12
 
 
 # Names as torch.cuda.get_device_name() reports them, with the dense bf16 TFLOP/s expected.
@@ -39,17 +55,17 @@ def test_matmul_flops_by_size_measures_each_size(one_torch_thread):
     ("Some Future GPU", None),
 ])
 def test_gpu_peak_is_the_most_specific_datasheet_entry(monkeypatch, name, bf16):
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    pretend_gpu(monkeypatch, name)
     peak = flops.gpu_peak_flops(torch.device("cuda"), "bf16")
     assert peak == (None if bf16 is None else bf16 * 1e12)
 
 
 def test_gpu_peak_follows_the_precision_in_use(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    pretend_gpu(monkeypatch, "NVIDIA A100-SXM4-80GB")
     cuda = torch.device("cuda")
     assert [flops.gpu_peak_flops(cuda, dtype) for dtype in ("bf16", "fp16", "tf32", "fp32")] == [
         312e12, 312e12, 156e12, 19.5e12]
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-PCIE-32GB")
+    pretend_gpu(monkeypatch, "Tesla V100-PCIE-32GB")
     assert flops.gpu_peak_flops(cuda, "fp16") == 125e12 and flops.gpu_peak_flops(cuda, "tf32") is None
 
 
