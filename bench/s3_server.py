@@ -6,6 +6,7 @@ wrong credentials are refused the way AWS refuses them.
 """
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -14,6 +15,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 BUCKET = "mingpt-test"
 _SETUP_REQUESTS = 5  # create user, access key, policy, attach, bucket: all before auth starts
@@ -25,6 +27,13 @@ class S3Server:
     access_key: str
     secret_key: str
     bucket: str = BUCKET
+    log_path: Optional[Path] = None
+    """The server's output: a line per request it answered."""
+
+    def requests(self, method: str, key_part: str) -> int:
+        """How many `method` requests (PUT, GET, ...) for object keys containing key_part it answered."""
+        pattern = re.compile(rf'"{method} /{re.escape(self.bucket)}/[^ "]*{re.escape(key_part)}')
+        return len(pattern.findall(self.log_path.read_text(errors="replace")))
 
     def env(self, **overrides: str) -> dict:
         """The standard AWS environment a user would set to reach this server."""
@@ -102,4 +111,4 @@ def _start_s3_server(log_path: Path) -> tuple[S3Server, subprocess.Popen]:
     except BaseException:
         process.kill()
         raise
-    return S3Server(endpoint, access_key, secret_key), process
+    return S3Server(endpoint, access_key, secret_key, log_path=log_path), process

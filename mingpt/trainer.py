@@ -371,7 +371,7 @@ class Trainer:
     def save_snapshot(self, when: str) -> None:
         """Take a snapshot of the training state now (every rank calls it), `when` naming the
         moment in the log line; with async_snapshots, checkpointer.finish() waits for its write."""
-        self.report.flush()  # the metrics file holds at least what the snapshot covers
+        self.report.publish()  # the metrics file holds at least what the snapshot covers
         self.checkpointer.save(when, self.progress, self.model, self.optimizer, self.scaler)
         if self.agreement is not None:
             self.agreement.saved()

@@ -4,7 +4,14 @@ One line per training step (epoch, iter, step, tokens, loss, lr, tokens_per_s: t
 the latest progress window) and one per eval pass; optionally the same as TensorBoard scalars. Step losses
 stay on the device until flush(), which the trainer calls at log time: recording a step costs no
 host-device synchronisation.
+
+An object store cannot append: a file there would be rewritten whole at every flush, each upload
+longer than the last. So for a remote path the lines are appended to a local copy (in the cache
+folder), and the copy is uploaded whole when a snapshot is taken and when the run ends: the remote
+file always holds at least what the newest snapshot covers, and its uploads grow with snapshots, not
+with flushes.
 """
+import hashlib
 import json
 from typing import Any, Optional
 
@@ -32,10 +39,18 @@ def open_run_metrics(path: Optional[str], snapshot_path: str, tensorboard_dir: O
     return MetricsLog(path, active, tensorboard_dir)
 
 
+def local_copy_of(url: str) -> str:
+    """Where the lines of a remote metrics file are appended (one file per URL, in the cache folder)."""
+    digest = hashlib.sha256(url.encode()).hexdigest()[:16]
+    return str(files.cache_folder(None) / "metrics" / f"{digest}.jsonl")
+
+
 class MetricsLog:
     def __init__(self, path: str, active: bool, tensorboard_dir: Optional[str] = None):
         self.path = path
         self.active = active
+        self._appended_to = local_copy_of(path) if files.is_remote(path) else path
+        """The file flush() appends to: path itself, or its local copy (see the module's docstring)."""
         self._pending: list[dict[str, Any]] = []
         self._tensorboard = None
         if active and tensorboard_dir:
@@ -48,7 +63,8 @@ class MetricsLog:
         if not self.active:
             return
         kept = "".join(json.dumps(line) + "\n" for line in self._read() if line["step"] <= resumed_step)
-        files.write_atomically(self.path, lambda f: f.write(kept.encode()))
+        files.write_atomically(self._appended_to, lambda f: f.write(kept.encode()))
+        self.publish()
 
     def record(self, kind: str, loss: torch.Tensor, **fields: Any) -> None:
         if self.active:
@@ -60,9 +76,16 @@ class MetricsLog:
         values = torch.stack([line["loss"].float() for line in self._pending]).tolist()  # one sync
         lines = [{**line, "loss": value} for line, value in zip(self._pending, values)]
         self._pending.clear()
-        files.append_text(self.path, "".join(json.dumps(line) + "\n" for line in lines))
+        files.append_text(self._appended_to, "".join(json.dumps(line) + "\n" for line in lines))
         if self._tensorboard is not None:
             self._add_scalars(lines)
+
+    def publish(self) -> None:
+        """Flush, and upload the local copy of a remote file (a snapshot is taken, or the run ends)."""
+        self.flush()
+        if self.active and self._appended_to != self.path:
+            data = files.read_bytes(self._appended_to)
+            files.write_atomically(self.path, lambda f: f.write(data))
 
     def _add_scalars(self, lines: list[dict[str, Any]]) -> None:
         for line in lines:
@@ -74,7 +97,7 @@ class MetricsLog:
         self._tensorboard.flush()
 
     def close(self) -> None:
-        self.flush()
+        self.publish()
         if self._tensorboard is not None:
             self._tensorboard.close()
 

@@ -53,6 +53,10 @@ class RunReport:
     def flush(self) -> None:
         self.metrics.flush()
 
+    def publish(self) -> None:
+        """The metrics file, wherever it is, holds every step so far (a snapshot is being taken)."""
+        self.metrics.publish()
+
     def close(self, last_words: Optional[str] = None) -> None:
         clear_status()
         if last_words:

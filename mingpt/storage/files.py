@@ -75,16 +75,14 @@ def open_file(url: str, mode: str = "rb") -> fsspec.core.OpenFile:
 
 
 def append_text(url: str, text: str) -> None:
-    """Append to a local file in place; an object store cannot append, so its (small) object is
-    rewritten whole."""
+    """Append to a local file in place (an object store cannot append: metrics.py keeps a local
+    copy of a remote file and uploads it whole now and then)."""
     fs, path = _resolve(url)
-    if isinstance(fs, LocalFileSystem):
-        _make_folder(fs, fs._parent(path))
-        with open(path, "a") as f:
-            f.write(text)
-        return
-    old = fs.cat_file(path).decode() if fs.exists(path) else ""
-    fs.pipe_file(path, (old + text).encode())
+    if not isinstance(fs, LocalFileSystem):
+        raise ValueError(f"cannot append to {url}: not on this machine")
+    _make_folder(fs, fs._parent(path))
+    with open(path, "a") as f:
+        f.write(text)
 
 
 def write_atomically(url: str, write: Callable[[IO[bytes]], None]) -> None:

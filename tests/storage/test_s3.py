@@ -12,6 +12,9 @@ import pytest
 import torch
 from helpers import assert_ok, one_error_line, run_main, run_main_in_process, tiny_overrides
 
+from mingpt.reporting.metrics import local_copy_of, read_metrics
+from mingpt.storage import files
+
 PART = 5 * 2**20
 """s3fs's smallest write block size (S3's smallest multipart part); s3fs's default is 50 MiB."""
 
@@ -45,15 +48,24 @@ def folder_names(fs, folder):
 
 def test_one_process_saves_to_and_resumes_from_s3(text_file, s3, s3_fs, capsys, one_torch_thread):
     """main.run() in this process, its environment the AWS variables (s3_fs sets them); the 2-rank
-    test below starts real processes."""
+    test below starts real processes. The metrics file, flushed at every step, is uploaded only when
+    a snapshot is taken and when the run ends (an object store cannot append: each flush would
+    rewrite it whole)."""
     url = f"s3://{s3.bucket}/single/snap.pt"
-    assert_ok(run_main_in_process(tiny_overrides(text_file, url), capsys))
+    assert_ok(run_main_in_process(tiny_overrides(text_file, url, trainer_config__log_every=1), capsys))
     assert load_object(s3_fs, url)["finished_epoch"] == 1
-    assert s3_fs.exists(f"{s3.bucket}/single/snap.metrics.jsonl")
+    metrics_url = f"s3://{s3.bucket}/single/snap.metrics.jsonl"
+    lines = read_metrics(metrics_url)
+    assert len(lines) == 169 + 1  # every step's line and the eval's: 5,385 samples in batches of 32
+    assert files.read_bytes(local_copy_of(metrics_url)) == files.read_bytes(metrics_url)
+    uploads = s3.requests("PUT", "snap.metrics.jsonl")  # each upload: a temporary object and its copy
+    assert uploads == 2 * 3, "uploads at the start, at the epoch's snapshot and at the end"
     second = run_main_in_process(tiny_overrides(text_file, url, trainer_config__max_epochs=2), capsys)
     assert_ok(second)
     assert "Resuming training from snapshot at Epoch 1" in second.stdout
     assert load_object(s3_fs, url)["finished_epoch"] == 2
+    steps = [line["step"] for line in read_metrics(metrics_url, "train")]
+    assert steps == list(range(1, 2 * 169 + 1))  # the resumed run's lines follow the first run's
 
 
 def test_two_processes_keep_the_newest_step_snapshots_in_an_s3_folder(text_file, s3, s3_fs):
