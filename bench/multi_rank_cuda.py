@@ -6,13 +6,16 @@ NCCL refuses two ranks on one GPU, so the ranks here talk through gloo, which ca
 through host memory (MINGPT_RANKS_SHARE_GPU=1, distributed/process_group.py).
 
 What this covers: the project's own multi-rank CUDA code, with real torchrun processes. DDP's wrapper
-on CUDA tensors with fp16 and its GradScaler, and bf16; FSDP2 on CUDA (its collectives through
-cpu_collectives.py's all_to_all, which gloo has for CUDA tensors), with CPU offload, and HSDP as 2
-"nodes" of 1 rank (two torchrun agents on this machine); activation checkpointing; async single-file
-and sharded snapshots staged from GPU memory by the writer thread on the rank's device; a stop
-signal agreed by both ranks, and the resume after it; a sharded snapshot resumed by 1 rank.
-What it cannot cover: NCCL itself (its collectives, streams, communicators and timeouts), GPUs
-talking to each other, and speed (gloo through host memory is slow).
+on CUDA tensors with fp16 and its GradScaler, and bf16 (DDP needs broadcast and all_reduce, which
+gloo has for CUDA tensors); activation checkpointing; async single-file and sharded snapshots staged
+from GPU memory by the writer thread on the rank's device; a stop signal agreed by both ranks, and
+the resume after it; a sharded snapshot resumed by 1 rank. FSDP2, with CPU offload, and HSDP as 2
+"nodes" of 1 rank (two torchrun agents on this machine) need all-gather and reduce-scatter, which
+the project makes of all_to_all on gloo (cpu_collectives.py): torch's backend table lists neither
+all_gather nor all_to_all for gloo on CUDA tensors, so those three scenarios are the ones to watch
+on the first GPU run (not run on a GPU yet). What it cannot cover: NCCL itself (its collectives,
+streams, communicators and timeouts), GPUs talking to each other, and speed (gloo through host
+memory is slow).
 
 Without a GPU the same scenarios run on the CPU, as every multi-rank run there does, so the script
 itself is tested by the suite (tests/bench/test_multi_rank_cuda.py). Each scenario is one or two
