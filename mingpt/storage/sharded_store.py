@@ -243,6 +243,11 @@ class ShardedSnapshotStore:
 
 def to_single_file(sharded_folder: str, out_path: str) -> None:
     """Gather a sharded snapshot into one single-file snapshot, in this process alone."""
+    write_snapshot(read_whole(sharded_folder), out_path)
+
+
+def read_whole(sharded_folder: str) -> Snapshot:
+    """A sharded snapshot with its full state, as a single-file snapshot holds it (this process alone)."""
     info = read_snapshot(f"{sharded_folder.rstrip('/')}/{_INFO}")
     if info is None:
         raise SnapshotError(f"{sharded_folder} is not a complete sharded snapshot (no {_INFO})")
@@ -255,4 +260,4 @@ def to_single_file(sharded_folder: str, out_path: str) -> None:
     except DCP_ERRORS as e:
         raise SnapshotError(f"sharded snapshot {sharded_folder} cannot be loaded ({_reason(e)})") from None
     optimizer_state = {"state": state["optimizer"], **info.optimizer_state}
-    write_snapshot(replace(info, model_state=state["model"], optimizer_state=optimizer_state), out_path)
+    return replace(info, model_state=state["model"], optimizer_state=optimizer_state)

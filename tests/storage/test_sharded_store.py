@@ -177,3 +177,19 @@ def test_each_rank_stages_and_writes_only_its_share_of_what_every_rank_holds(wor
     assert rank_share(state, 0, world_size=1) == state
     shard = fully_shard(torch.nn.Linear(4, 4)).weight  # a DTensor: this rank's part, kept by it
     assert all(rank_share({"w": shard}, rank, world_size=2) == {"w": shard} for rank in range(2))
+
+
+def test_a_sharded_snapshot_exports_to_a_hugging_face_folder_with_its_logits(sharded_run, saved, tmp_path,
+                                                                             one_torch_thread):
+    transformers = pytest.importorskip("transformers")
+    from mingpt import export_hf
+    from mingpt.generate import build_model
+
+    entry = sharded_run / "sharded_000000085"
+    export_hf.main([str(entry), str(tmp_path / "hf")])
+    info = read_snapshot(str(entry / "info.pt"))
+    ours = build_model(replace(info, model_state=saved["model"]), str(entry), torch.device("cpu"))
+    theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    ids = torch.arange(2 * ours.config.block_size).view(2, -1) % ours.config.vocab_size
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(ids).logits, ours(ids)[0], rtol=0, atol=1e-5)

@@ -1,0 +1,125 @@
+"""A snapshot as a Hugging Face model folder: GPT2LMHeadModel's config.json, its weights in
+safetensors, and a tokenizer of the snapshot's characters.
+
+    python mingpt/export_hf.py SNAPSHOT OUT_FOLDER
+
+SNAPSHOT is a single-file snapshot, a folder of them (its newest is taken) or a sharded_<step> folder
+(read whole in this process, no process group); local or any fsspec URL. OUT_FOLDER (local) must not
+exist yet. Then, with transformers installed:
+
+    GPT2LMHeadModel.from_pretrained(OUT_FOLDER), AutoTokenizer.from_pretrained(OUT_FOLDER)
+
+give the project's logits (fp32) and its character tokens. The project's model is GPT-2's
+architecture, so each weight maps to one of GPT-2's: a Linear's (out, in) weight becomes a Conv1D's
+(in, out) one; the head stays apart from the token embedding (tie_word_embeddings false); the MLP's
+GELU is the exact one ("gelu"), not GPT-2's tanh approximation.
+"""
+import json
+from pathlib import Path
+from typing import Optional
+
+import torch
+from safetensors.torch import save_file
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+from mingpt.reporting.errors import MinGPTError, OneLineArgumentParser, SnapshotError, command
+from mingpt.storage import files
+from mingpt.storage.snapshot import Snapshot, newest_snapshot, read_snapshot
+
+LAYER_NORM_EPS = 1e-5  # torch's LayerNorm default, which the model uses
+GPT2_NAMES = {  # the project's name within a block -> GPT-2's, and whether the weight turns (Conv1D)
+    "ln_1": ("ln_1", False), "ln_2": ("ln_2", False),
+    "attn.qkv": ("attn.c_attn", True), "attn.proj": ("attn.c_proj", True),
+    "mlp.fc": ("mlp.c_fc", True), "mlp.proj": ("mlp.c_proj", True),
+}
+TOP_NAMES = {"tok_emb.weight": "transformer.wte.weight", "pos_emb.weight": "transformer.wpe.weight",
+             "ln_f.weight": "transformer.ln_f.weight", "ln_f.bias": "transformer.ln_f.bias",
+             "head.weight": "lm_head.weight"}
+
+
+def gpt2_weights(model_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The model's weights under GPT2LMHeadModel's names and shapes (each its own contiguous copy)."""
+    weights = {}
+    for name, tensor in model_state.items():
+        weights[gpt2_name(name)] = (tensor.t() if turns(name) else tensor).contiguous().clone()
+    return weights
+
+
+def gpt2_name(name: str) -> str:
+    if name in TOP_NAMES:
+        return TOP_NAMES[name]
+    _, layer, rest = name.split(".", 2)  # blocks.<i>.<module>.<weight|bias>
+    module, kind = rest.rsplit(".", 1)
+    return f"transformer.h.{layer}.{GPT2_NAMES[module][0]}.{kind}"
+
+
+def turns(name: str) -> bool:
+    """Whether the weight is a Linear's that GPT-2 holds as a Conv1D, transposed."""
+    if not name.startswith("blocks.") or not name.endswith(".weight"):
+        return False
+    return GPT2_NAMES[name.split(".", 2)[2].rsplit(".", 1)[0]][1]
+
+
+def gpt2_config(model_config: dict) -> dict:
+    return {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+        "vocab_size": model_config["vocab_size"], "n_positions": model_config["block_size"],
+        "n_embd": model_config["n_embd"], "n_layer": model_config["n_layer"],
+        "n_head": model_config["n_head"],
+        "n_inner": 4 * model_config["n_embd"], "activation_function": "gelu",
+        "embd_pdrop": model_config["embd_pdrop"], "resid_pdrop": model_config["resid_pdrop"],
+        "attn_pdrop": model_config["attn_pdrop"], "layer_norm_epsilon": LAYER_NORM_EPS,
+        "tie_word_embeddings": False, "scale_attn_weights": True, "torch_dtype": "float32",
+    }
+
+
+def character_tokenizer(vocab: list[str]) -> Tokenizer:
+    """One token per character, the snapshot's ids; decoding joins them back without spaces."""
+    tokenizer = Tokenizer(models.WordLevel({ch: i for i, ch in enumerate(vocab)}, unk_token=vocab[0]))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # each character
+    tokenizer.decoder = decoders.Fuse()
+    return tokenizer
+
+
+def read_any(path: str) -> Snapshot:
+    """The snapshot at path: a file, the newest of a folder of them, or a sharded_<step> folder."""
+    if files.exists(f"{path.rstrip('/')}/info.pt"):
+        from mingpt.storage.sharded_store import read_whole  # DCP, only for a sharded snapshot
+
+        return read_whole(path)
+    snapshot = read_snapshot(path) if files.is_file(path) else newest_snapshot(path)[0]
+    if snapshot is None:
+        raise SnapshotError(f"no snapshot at {path}: give a snapshot file, a folder of them or a "
+                            "sharded_<step> folder")
+    return snapshot
+
+
+def export(snapshot: Snapshot, out: Path) -> None:
+    """Write the folder: into a temporary one beside out, renamed to out once whole."""
+    partial = out.with_name(out.name + ".partial")
+    partial.mkdir(parents=True)
+    save_file(gpt2_weights(snapshot.model_state), str(partial / "model.safetensors"),
+              metadata={"format": "pt"})
+    (partial / "config.json").write_text(json.dumps(gpt2_config(snapshot.model_config), indent=2) + "\n")
+    character_tokenizer(snapshot.vocab).save(str(partial / "tokenizer.json"))
+    (partial / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length":
+                    snapshot.model_config["block_size"]}, indent=2) + "\n")
+    partial.rename(out)
+
+
+@command
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = OneLineArgumentParser(description="Export a snapshot as a Hugging Face GPT-2 model folder.")
+    parser.add_argument("snapshot", help="a snapshot file, a folder of them, or a sharded_<step> folder")
+    parser.add_argument("out_folder", type=Path, help="the model folder to create (must not exist)")
+    args = parser.parse_args(argv)
+    out = args.out_folder
+    if out.exists() or out.with_name(out.name + ".partial").exists():
+        raise MinGPTError(f"{out} exists; give a new folder for the export (nothing was overwritten)")
+    export(read_any(args.snapshot), out)
+    print(f"wrote {out} (config.json, model.safetensors, tokenizer.json)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""export_hf.py: a snapshot as a Hugging Face GPT-2 folder that transformers loads with the same logits."""
+import sys
+
+import pytest
+import torch
+from helpers import MINGPT, run
+
+from mingpt import export_hf
+from mingpt.generate import build_model
+from mingpt.storage.snapshot import read_snapshot
+
+transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_epoch, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export") / "gpt2-char"
+    export_hf.main([str(tiny_epoch.snapshot), str(out)])
+    return out
+
+
+def test_transformers_gives_the_projects_logits_and_tokens(tiny_epoch, exported):
+    snapshot = read_snapshot(str(tiny_epoch.snapshot))
+    ours = build_model(snapshot, str(tiny_epoch.snapshot), torch.device("cpu"))
+    theirs = transformers.GPT2LMHeadModel.from_pretrained(exported).eval()
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(len(snapshot.vocab), (3, ours.config.block_size), generator=generator)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(ids).logits, ours(ids)[0], rtol=0, atol=1e-5)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(exported)
+    text = "".join(snapshot.vocab)  # every character, the newline too
+    assert tokenizer(text)["input_ids"] == list(range(len(snapshot.vocab)))
+    assert tokenizer.decode(tokenizer(text)["input_ids"]) == text
+    prompt = tokenizer(snapshot.vocab[5] * 3, return_tensors="pt")
+    written = theirs.generate(**prompt, max_new_tokens=8, do_sample=False)
+    assert written.shape == (1, 11) and len(tokenizer.decode(written[0])) == 11
+
+
+def test_an_existing_folder_is_refused_in_one_line_and_left_alone(tiny_epoch, exported):
+    before = sorted(p.name for p in exported.iterdir())
+    result = run([sys.executable, MINGPT / "export_hf.py", tiny_epoch.snapshot, exported])
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [f"error: {exported} exists; give a new folder for the export "
+                                          "(nothing was overwritten)"]
+    assert sorted(p.name for p in exported.iterdir()) == before
+
+
+@pytest.mark.parametrize("broken", ["a square weight left untransposed", "a dropped bias"])
+def test_a_broken_mapping_gives_other_logits(tiny_epoch, tmp_path, monkeypatch, broken):
+    """The logits comparison above catches a wrong mapping: a square Conv1D weight loads whether
+    transposed or not, and a missing bias loads as a new one."""
+    mapping = export_hf.gpt2_weights
+
+    def broken_weights(model_state):
+        weights = mapping(model_state)
+        if broken == "a dropped bias":
+            del weights["transformer.h.0.mlp.c_fc.bias"]
+        else:
+            name = "transformer.h.0.attn.c_proj.weight"
+            weights[name] = weights[name].t().contiguous()
+        return weights
+
+    monkeypatch.setattr(export_hf, "gpt2_weights", broken_weights)
+    export_hf.main([str(tiny_epoch.snapshot), str(tmp_path / "broken")])
+    snapshot = read_snapshot(str(tiny_epoch.snapshot))
+    ours = build_model(snapshot, str(tiny_epoch.snapshot), torch.device("cpu"))
+    theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "broken").eval()
+    ids = torch.arange(ours.config.block_size)[None] % len(snapshot.vocab)
+    with torch.no_grad():
+        assert (theirs(ids).logits - ours(ids)[0]).abs().max() > 1e-3
