@@ -15,6 +15,7 @@ architecture, so each weight maps to one of GPT-2's: a Linear's (out, in) weight
 GELU is the exact one ("gelu"), not GPT-2's tanh approximation.
 """
 import json
+import shutil
 from pathlib import Path
 from typing import Optional
 
@@ -95,9 +96,20 @@ def read_any(path: str) -> Snapshot:
 
 
 def export(snapshot: Snapshot, out: Path) -> None:
-    """Write the folder: into a temporary one beside out, renamed to out once whole."""
+    """Write the folder: into a temporary one beside out, renamed to out once whole (removed if the
+    export fails)."""
     partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)  # what an interrupted export left
     partial.mkdir(parents=True)
+    try:
+        _write_folder(snapshot, partial)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    partial.rename(out)
+
+
+def _write_folder(snapshot: Snapshot, partial: Path) -> None:
     save_file(gpt2_weights(snapshot.model_state), str(partial / "model.safetensors"),
               metadata={"format": "pt"})
     (partial / "config.json").write_text(json.dumps(gpt2_config(snapshot.model_config), indent=2) + "\n")
@@ -105,7 +117,6 @@ def export(snapshot: Snapshot, out: Path) -> None:
     (partial / "tokenizer_config.json").write_text(
         json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length":
                     snapshot.model_config["block_size"]}, indent=2) + "\n")
-    partial.rename(out)
 
 
 @command
@@ -115,7 +126,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("out_folder", type=Path, help="the model folder to create (must not exist)")
     args = parser.parse_args(argv)
     out = args.out_folder
-    if out.exists() or out.with_name(out.name + ".partial").exists():
+    if out.exists():
         raise MinGPTError(f"{out} exists; give a new folder for the export (nothing was overwritten)")
     export(read_any(args.snapshot), out)
     print(f"wrote {out} (config.json, model.safetensors, tokenizer.json)")

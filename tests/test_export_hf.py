@@ -70,3 +70,15 @@ def test_a_broken_mapping_gives_other_logits(tiny_epoch, tmp_path, monkeypatch, 
     ids = torch.arange(ours.config.block_size)[None] % len(snapshot.vocab)
     with torch.no_grad():
         assert (theirs(ids).logits - ours(ids)[0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("where", ["missing.pt", "empty-folder"])
+def test_no_snapshot_there_is_one_line_and_nothing_written(tmp_path, capsys, where):
+    (tmp_path / "empty-folder").mkdir()
+    with pytest.raises(SystemExit) as exit_:
+        export_hf.main([str(tmp_path / where), str(tmp_path / "out")])
+    assert exit_.value.code == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: no snapshot at {tmp_path / where}: give a snapshot file, a folder of them or a "
+        "sharded_<step> folder"]
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
