@@ -25,7 +25,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from mingpt.reporting.errors import MinGPTError, OneLineArgumentParser, SnapshotError, command
 from mingpt.storage import files
-from mingpt.storage.snapshot import Snapshot, newest_snapshot, read_snapshot
+from mingpt.storage.snapshot import Snapshot, snapshot_at
 
 LAYER_NORM_EPS = 1e-5  # torch's LayerNorm default, which the model uses
 GPT2_NAMES = {  # the project's name within a block -> GPT-2's, and whether the weight turns (Conv1D)
@@ -42,23 +42,19 @@ def gpt2_weights(model_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     """The model's weights under GPT2LMHeadModel's names and shapes (each its own contiguous copy)."""
     weights = {}
     for name, tensor in model_state.items():
-        weights[gpt2_name(name)] = (tensor.t() if turns(name) else tensor).contiguous().clone()
+        gpt2_name, turns = gpt2_entry(name)
+        weights[gpt2_name] = (tensor.t() if turns else tensor).contiguous().clone()
     return weights
 
 
-def gpt2_name(name: str) -> str:
+def gpt2_entry(name: str) -> tuple[str, bool]:
+    """GPT-2's name for a parameter, and whether its weight turns (a Linear's, held as a Conv1D)."""
     if name in TOP_NAMES:
-        return TOP_NAMES[name]
+        return TOP_NAMES[name], False
     _, layer, rest = name.split(".", 2)  # blocks.<i>.<module>.<weight|bias>
     module, kind = rest.rsplit(".", 1)
-    return f"transformer.h.{layer}.{GPT2_NAMES[module][0]}.{kind}"
-
-
-def turns(name: str) -> bool:
-    """Whether the weight is a Linear's that GPT-2 holds as a Conv1D, transposed."""
-    if not name.startswith("blocks.") or not name.endswith(".weight"):
-        return False
-    return GPT2_NAMES[name.split(".", 2)[2].rsplit(".", 1)[0]][1]
+    gpt2_module, conv1d = GPT2_NAMES[module]
+    return f"transformer.h.{layer}.{gpt2_module}.{kind}", conv1d and kind == "weight"
 
 
 def gpt2_config(model_config: dict) -> dict:
@@ -88,7 +84,7 @@ def read_any(path: str) -> Snapshot:
         from mingpt.storage.sharded_store import read_whole  # DCP, only for a sharded snapshot
 
         return read_whole(path)
-    snapshot = read_snapshot(path) if files.is_file(path) else newest_snapshot(path)[0]
+    snapshot, _ = snapshot_at(path, key="SNAPSHOT")
     if snapshot is None:
         raise SnapshotError(f"no snapshot at {path}: give a snapshot file, a folder of them or a "
                             "sharded_<step> folder")

@@ -26,8 +26,7 @@ import torch.nn as nn
 
 from mingpt.model import GPT, GPTConfig
 from mingpt.reporting.errors import MinGPTError, OneLineArgumentParser, SnapshotError, command, short_reason
-from mingpt.storage import files
-from mingpt.storage.snapshot import Snapshot, newest_snapshot, read_snapshot
+from mingpt.storage.snapshot import Snapshot, snapshot_at
 
 SNAPSHOT_OPTION = "--snapshot"
 # The longest vocabulary an error message lists in full; larger ones are only counted.
@@ -138,7 +137,7 @@ def check_args(args: argparse.Namespace) -> None:
 def find_snapshot(path: str) -> tuple[Snapshot, str]:
     """The snapshot at path (a snapshot file, or the newest in a snapshot folder) and its own path."""
     try:
-        snapshot, found = load_file_or_newest(path)
+        snapshot, found = snapshot_at(path, key=SNAPSHOT_OPTION)
     except MinGPTError:
         raise
     except Exception as e:  # an unknown URL protocol, a missing fsspec backend, no credentials
@@ -148,14 +147,6 @@ def find_snapshot(path: str) -> tuple[Snapshot, str]:
         raise SnapshotError(f"no snapshot at {path} (a snapshot file, or a folder of snapshot_<step>.pt "
                             "files); train one first (python mingpt/main.py) or pass --snapshot PATH")
     return snapshot, found
-
-
-def load_file_or_newest(path: str) -> tuple[Optional[Snapshot], Optional[str]]:
-    """Any existing file is read as a snapshot whatever its name; otherwise the training layout
-    decides: a .pt path or a folder of snapshot_<step>.pt files."""
-    if files.is_file(path):
-        return read_snapshot(path, key=SNAPSHOT_OPTION), path
-    return newest_snapshot(path, key=SNAPSHOT_OPTION)
 
 
 def build_model(snapshot: Snapshot, path: str, device: torch.device) -> GPT:

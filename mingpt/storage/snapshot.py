@@ -174,6 +174,15 @@ def is_folder(path: str) -> bool:
     return not path.endswith(".pt")
 
 
+def snapshot_at(path: str, key: str) -> tuple[Optional[Snapshot], Optional[str]]:
+    """For the commands that read a snapshot a user names (key: the option naming it): any existing
+    file is read as a snapshot whatever its name; otherwise the training layout decides, a .pt path
+    or a folder of snapshot_<step>.pt files."""
+    if files.is_file(path):
+        return read_snapshot(path, key=key), path
+    return newest_snapshot(path, key=key)
+
+
 def newest_snapshot(path: str, key: str = TRAINING_KEY) -> tuple[Optional[Snapshot], Optional[str]]:
     """The newest snapshot at path (a .pt file, or a folder's newest) and where it is, or (None, None)."""
     found = list_entries(path, key=key)[-1:] if is_folder(path) else [path]
