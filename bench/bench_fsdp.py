@@ -105,7 +105,7 @@ def communication_share(trainer) -> float:
     inputs, targets = trainer.to_device(next(iter(trainer.train_loader)))
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
         start = time.perf_counter()
-        trainer.train_step(inputs, targets).item()
+        trainer.train_step(inputs, targets)[0].item()
         step_us = (time.perf_counter() - start) * 1e6
     in_collectives = sum(event.cpu_time_total for event in profile.key_averages()
                          if event.key.startswith(COMMUNICATION_REGIONS))

@@ -269,7 +269,7 @@ def timed_step(trainer: Trainer, data, device: torch.device) -> tuple[float, flo
     inputs, targets = next_batch(data, device)
     wait_for(device)  # the host-to-device copy counts as waiting for data
     loaded = time.perf_counter()
-    loss = trainer.train_step(inputs, targets).item()  # .item() only returns once the step has finished
+    loss = trainer.train_step(inputs, targets)[0].item()  # .item() only returns once the step has finished
     wait_for(device)
     return loaded - start, time.perf_counter() - start, loss
 

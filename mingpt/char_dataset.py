@@ -129,6 +129,14 @@ def inputs_and_targets(windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return windows[..., :-1], windows[..., 1:]
 
 
+def batch_on(device: torch.device, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch from the loaders as inputs and targets on device: its windows in one copy, or the
+    (x, y) pair of a dataset of another kind."""
+    if isinstance(batch, torch.Tensor):
+        return inputs_and_targets(batch.to(device, non_blocking=True))
+    return tuple(t.to(device, non_blocking=True) for t in batch)
+
+
 def count_ids(ids: np.ndarray, vocab_size: int, chunk: int = 1 << 24) -> np.ndarray:
     """How often each id occurs, a chunk at a time (bincount copies its input as int64)."""
     counts = np.zeros(vocab_size, dtype=np.int64)

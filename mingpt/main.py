@@ -9,7 +9,7 @@ their checks reject out-of-range values with one line naming the key.
 """
 import os
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import hydra
 import torch
@@ -23,17 +23,19 @@ from mingpt.distributed.process_group import DistEnv, barrier, distributed_sessi
 from mingpt.model import GPT, GPTConfig, OptimizerConfig
 from mingpt.reporting.errors import MinGPTError, check, command, short_reason
 from mingpt.reporting.logger import configure_logging, log
+from mingpt.reporting.trackers import TrackerConfig
 from mingpt.trainer import Trainer, TrainerConfig
 
 
 @dataclass
 class TrainConfig:
-    """The whole config: the original's four groups."""
+    """The whole config: the original's four groups, and the run trackers'."""
 
     data_config: DataConfig = field(default_factory=DataConfig)
     gpt_config: GPTConfig = field(default_factory=GPTConfig)
     trainer_config: TrainerConfig = field(default_factory=TrainerConfig)
     optimizer_config: OptimizerConfig = field(default_factory=OptimizerConfig)
+    tracker_config: TrackerConfig = field(default_factory=TrackerConfig)
 
     def __post_init__(self) -> None:
         derived_keys = (("vocab_size", "the data's characters"), ("block_size", "data_config.block_size"))
@@ -71,8 +73,10 @@ def build_and_train(config: TrainConfig, env: DistEnv) -> None:
         model = GPT(gpt_config, seed=config.trainer_config.seed)
     trainer = Trainer(config.trainer_config, model, config.optimizer_config,
                       train_set, test_set, dataset.vocab, env)
-    for line in startup_summary(config, dataset, train_set, test_set, trainer):
+    summary = startup_summary(config, dataset, train_set, test_set, trainer)
+    for line in summary:
         log.info(line)
+    trainer.track(config.tracker_config, asdict(config), summary)
     trainer.train()
 
 

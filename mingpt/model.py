@@ -104,6 +104,12 @@ def learning_rate_at(step: int, total_steps: int, config: OptimizerConfig) -> fl
     return floor + 0.5 * (1 + math.cos(math.pi * progress)) * (config.learning_rate - floor)
 
 
+def set_learning_rate(optimizer: torch.optim.Optimizer, step: int, total_steps: int,
+                      config: OptimizerConfig) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate_at(step, total_steps, config)
+
+
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """F.dropout, with a cheaper mask on the CPU (see keep_mask); GPUs keep F.dropout."""
     if not training or p == 0.0:

@@ -11,24 +11,22 @@ global order, exactly as the unbroken run at the same world size.
 """
 import contextlib
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn as nn
 from torch.utils.data import Dataset
 
-from mingpt.char_dataset import in_windows, inputs_and_targets
+from mingpt.char_dataset import batch_on, in_windows
 from mingpt.distributed import control, parallel
 from mingpt.distributed.activation_checkpointing import CHECKPOINTING_MODES, checkpoint_blocks
 from mingpt.distributed.memory import check_memory, plan_memory
 from mingpt.distributed.precision import AMP_DTYPES, resolve_precision
-from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, all_reduce_sum, gloo_interface
-from mingpt.model import OptimizerConfig, create_optimizer, learning_rate_at
+from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, all_reduce_sum
+from mingpt.model import OptimizerConfig, create_optimizer, set_learning_rate
 from mingpt.reporting.errors import check, check_choice, check_not_negative, check_positive
-from mingpt.reporting.flops import peak_flops
-from mingpt.reporting.metrics import open_run_metrics
-from mingpt.reporting.monitor import TrainingMonitor
 from mingpt.reporting.run_report import RunReport
+from mingpt.reporting.trackers import TrackerConfig
 from mingpt.storage.checkpointer import SNAPSHOT_FORMATS, Checkpointer, SnapshotPolicy
 from mingpt.storage.snapshot import Snapshot
 from mingpt.tokens.data_loader import rank_loaders
@@ -98,9 +96,8 @@ class TrainerConfig:
     """Evaluate on this many batches per rank: a fixed seeded subset of the test split, the same at
     every evaluation (0: the whole test split)."""
     metrics_path: Optional[str] = None
-    """JSON-lines metrics file (any fsspec path); default: beside the snapshot."""
-    tensorboard_dir: Optional[str] = None
-    """Also write the metrics as TensorBoard scalars into this folder (local or fsspec)."""
+    """JSON-lines metrics file (any fsspec path); default: beside the snapshot. Run trackers
+    (TensorBoard, W&B, MLflow) get the same values: tracker_config."""
     progress_interval_s: float = 30.0
     """Seconds between progress lines (tokens/s, MFU, ETA); a terminal gets a live bar instead."""
     process_group_timeout_s: float = DEFAULT_TIMEOUT_S
@@ -121,12 +118,7 @@ class TrainerConfig:
         check(bool(self.snapshot_path), "trainer_config.snapshot_path", "must not be empty")
         check(self.snapshot_format == "single" or not self.snapshot_path.endswith(".pt"),
               "trainer_config.snapshot_path", "sharded snapshots need a folder, not a .pt file")
-        sharded = self.distributed_method in parallel.SHARDED_METHODS
-        check(not self.cpu_offload or sharded, "trainer_config.cpu_offload",
-              "offloads shards; set trainer_config.distributed_method=fsdp or hsdp, or cpu_offload=False")
-        check(self.reshard_after_forward or sharded, "trainer_config.reshard_after_forward",
-              "applies to sharded methods; set trainer_config.distributed_method=fsdp or hsdp, "
-              "or leave it True")
+        parallel.check_sharding_options(self.distributed_method, self.cpu_offload, self.reshard_after_forward)
         control.check_signal_names(self.stop_signals, "trainer_config.stop_signals")
 
     def snapshot_policy(self) -> SnapshotPolicy:
@@ -153,7 +145,8 @@ class Trainer:
         self.progress = self.checkpointer.resume(self.model, self.optimizer, self.scaler)
         self.steps_per_epoch = len(self.train_loader)
         self.total_steps = self._planned_steps()
-        self.report = self._open_report(model.flops_per_token())
+        self.report = RunReport.open(config, env, self.precision.matmul_dtype, model.flops_per_token(),
+                                     self.total_steps, self.checkpointer.folder, self.progress.step)
 
     def _place(self, model: nn.Module) -> None:
         """Check that the training state fits, then wrap the meta-device model for the configured
@@ -174,20 +167,6 @@ class Trainer:
         fsdp_casts = parallel.computes_in_precision(self.model)
         self.autocast = contextlib.nullcontext if fsdp_casts else self.precision.autocast
 
-    def _open_report(self, flops_per_token: int) -> RunReport:
-        """Loss lines, progress (tokens/s, MFU, ETA) and metrics, said and written by rank 0."""
-        config, env = self.config, self.env
-        metrics = open_run_metrics(config.metrics_path, config.snapshot_path, config.tensorboard_dir,
-                                   active=env.is_main, probed_folder=self.checkpointer.folder)
-        metrics.start(resumed_step=self.progress.step)
-        monitor = TrainingMonitor(
-            flops_per_token=flops_per_token,
-            peak_flops=peak_flops(env.device, self.precision.matmul_dtype) if env.is_main else None,
-            world_size=env.world_size, total_steps=self.total_steps,
-            max_epochs=None if config.max_steps else config.max_epochs,
-            interval_s=config.progress_interval_s, active=env.is_main)
-        return RunReport(metrics, monitor, env.rank, config.log_every)
-
     def summary(self) -> list[str]:
         """The run as it starts: model, world, memory, batch and snapshot lines."""
         tc, env = self.config, self.env
@@ -196,10 +175,8 @@ class Trainer:
         offload = " with CPU offload" if tc.cpu_offload else ""
         return [
             f"Model: {parallel.unwrap(self.model).describe()}",
-            f"World: {env.world_size} process(es) on {env.num_nodes} node(s), {env.backend} on "
-            f"{env.device.type}; {tc.distributed_method}{offload}; {self.precision}; "
-            f"{parallel.local_parameter_bytes(self.model) / 1e6:.1f} MB of parameters per rank"
-            + (f"; gloo across nodes on {gloo_interface()}" if env.num_nodes > 1 else ""),
+            f"World: {env.describe()}; {tc.distributed_method}{offload}; {self.precision}; "
+            f"{parallel.local_parameter_bytes(self.model) / 1e6:.1f} MB of parameters per rank",
             f"Memory: {self.memory.describe()}",
             f"Batch: {tc.batch_size} per process x {tc.grad_accum_steps} accumulation, "
             f"{tokens_per_step:,} tokens per step, {self.steps_per_epoch:,} steps per epoch, "
@@ -208,12 +185,17 @@ class Trainer:
             f"{', '.join([*tc.stop_signals, 'Ctrl-C'])} stop with a snapshot",
         ]
 
+    def track(self, config: TrackerConfig, run_config: dict[str, Any], summary: list[str]) -> None:
+        """Send the metrics to run trackers too, continuing the tracked runs of a resumed snapshot."""
+        self.report.track(config, self.checkpointer.folder, self.progress, run_config, summary)
+
     def train(self) -> None:
         """Epochs until the budget (max_epochs, or max_steps) is spent; raises RunStopped when a
         stop signal ended the run early (after its snapshot)."""
         config = self.config
         agreement = control.StepAgreement(config.stop_signals, config.save_every_minutes, self.env)
-        with agreement as self.agreement, self.checkpointer.finished_on_error():
+        failed, finished = self.report.failed_on_error(), self.checkpointer.finished_on_error()
+        with failed, agreement as self.agreement, finished:
             while not self._budget_spent():
                 epoch = self.progress.finished_epoch + 1
                 self._train_epoch(epoch)
@@ -247,11 +229,7 @@ class Trainer:
         return self.progress.step + rest_of_epoch + later_epochs * self.steps_per_epoch
 
     def to_device(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """A batch from the loaders as inputs and targets on this rank's device: its windows in one
-        copy (char_dataset.inputs_and_targets), or the (x, y) pair of a dataset of another kind."""
-        if isinstance(batch, torch.Tensor):
-            return inputs_and_targets(batch.to(self.env.device, non_blocking=True))
-        return tuple(t.to(self.env.device, non_blocking=True) for t in batch)
+        return batch_on(self.env.device, batch)
 
     def _start_epoch(self, epoch: int) -> int:
         """Set up the sampler and RNG for epoch; return the step it starts at (0 unless resuming)."""
@@ -271,11 +249,11 @@ class Trainer:
         self.report.pause()
         for iteration, batch in enumerate(self.train_loader, start=first_step):
             inputs, targets = self.to_device(batch)
-            loss = self.train_step(inputs, targets)
+            loss, grad_norm = self.train_step(inputs, targets)
             samples = len(inputs) * self.env.world_size  # every rank's batch has the same length
             self.progress.advance(samples, tokens=samples * self.block_size)
             lr = self.optimizer.param_groups[0]["lr"]
-            self.report.train_step(epoch, iteration, self.progress, loss, lr)
+            self.report.train_step(epoch, iteration, self.progress, loss, grad_norm, lr)
             self._after_step(epoch)
             if self._budget_spent():
                 break
@@ -300,12 +278,14 @@ class Trainer:
         """The stop's snapshot is taken; once it is written, every rank raises RunStopped."""
         self.checkpointer.finish()  # "saved" below means written
         step = self.progress.step
-        self.report.close(f"Stopping on {decision.stop_signal_name}: snapshot saved at step {step}")
+        self.report.close(f"Stopping on {decision.stop_signal_name}: snapshot saved at step {step}",
+                          stopped=True)
         raise control.RunStopped(decision.stop_signal)
 
-    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """One optimizer step over a batch of grad_accum_steps micro-batches; returns its mean loss."""
-        self._set_learning_rate()
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step over a batch of grad_accum_steps micro-batches: its mean loss and the
+        gradients' norm before clipping."""
+        set_learning_rate(self.optimizer, self.progress.step, self.total_steps, self.optimizer_config)
         self.optimizer.zero_grad(set_to_none=True)
         micro_batches = list(zip(inputs.split(self.config.batch_size), targets.split(self.config.batch_size)))
         total_loss = torch.zeros((), device=inputs.device)
@@ -316,8 +296,7 @@ class Trainer:
                 loss = self.compute_loss(micro_inputs, micro_targets)
                 self.backward(loss * share)
             total_loss += loss.detach().float() * share
-        self.optimizer_step()
-        return total_loss
+        return total_loss, self.optimizer_step()
 
     # The three phases of a step, public so that bench/bench_train.py can time each one.
 
@@ -331,16 +310,13 @@ class Trainer:
         """Gradients of loss; the scaler is a no-op unless fp16 needs it."""
         self.scaler.scale(loss).backward()
 
-    def optimizer_step(self) -> None:
+    def optimizer_step(self) -> torch.Tensor:
+        """Clip, step and update the scaler; the gradients' norm before clipping (on the device)."""
         self.scaler.unscale_(self.optimizer)  # clip true gradients, not scaled ones
-        nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_norm_clip)
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_norm_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
-
-    def _set_learning_rate(self) -> None:
-        lr = learning_rate_at(self.progress.step, self.total_steps, self.optimizer_config)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        return parallel.full_value(grad_norm)
 
     @torch.no_grad()
     def evaluate(self, epoch: int) -> float:

@@ -53,6 +53,15 @@ from mingpt.reporting.errors import check
 
 METHODS = ("ddp", "fsdp", "hsdp")
 SHARDED_METHODS = ("fsdp", "hsdp")
+
+
+def check_sharding_options(method: str, cpu_offload: bool, reshard_after_forward: bool) -> None:
+    """The options of sharded methods are refused under DDP (they would silently do nothing)."""
+    sharded = method in SHARDED_METHODS
+    check(not cpu_offload or sharded, "trainer_config.cpu_offload",
+          "offloads shards; set trainer_config.distributed_method=fsdp or hsdp, or cpu_offload=False")
+    check(reshard_after_forward or sharded, "trainer_config.reshard_after_forward",
+          "applies to sharded methods; set trainer_config.distributed_method=fsdp or hsdp, or leave it True")
 """The methods that shard parameters, gradients and optimizer state with FSDP2 (fully_shard)."""
 HSDP_MESH_DIMS = ("replicate", "shard")  # across nodes, within a node
 
@@ -240,6 +249,11 @@ def _fsdp_no_sync(model: FSDPModule):
 def unwrap(model: nn.Module) -> nn.Module:
     """The user's model inside whatever wrapper parallelize() put around it."""
     return model.module if isinstance(model, DDP) else model
+
+
+def full_value(tensor: torch.Tensor) -> torch.Tensor:
+    """A plain tensor of a value a sharded method keeps as a DTensor (clip_grad_norm_'s norm)."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def local_bytes(tensors) -> int:

@@ -60,6 +60,14 @@ class DistEnv:
     def num_nodes(self) -> int:
         return self.world_size // self.local_world_size
 
+    def describe(self) -> str:
+        """The world in a few words: "2 process(es) on 1 node(s), gloo on cpu" (and, across nodes,
+        the interface gloo uses)."""
+        across_nodes = self.num_nodes > 1 and self.backend == "gloo"
+        across = f", across nodes on {gloo_interface()}" if across_nodes else ""
+        return (f"{self.world_size} process(es) on {self.num_nodes} node(s), {self.backend} on "
+                f"{self.device.type}{across}")
+
 
 def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ

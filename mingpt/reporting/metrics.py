@@ -1,9 +1,9 @@
 """Training metrics as JSON lines, kept by global rank 0 beside the snapshot (any fsspec path).
 
 One line per training step (epoch, iter, step, tokens, loss, lr, tokens_per_s: the throughput of
-the latest progress window) and one per eval pass; optionally the same as TensorBoard scalars. Step losses
-stay on the device until flush(), which the trainer calls at log time: recording a step costs no
-host-device synchronisation.
+the latest progress window, mfu, grad_norm) and one per eval pass; run trackers (trackers.py) get the
+same lines as they are flushed. Step losses and norms stay on the device until flush(), which the
+trainer calls at log time: recording a step costs no host-device synchronisation.
 
 An object store cannot append: a file there would be rewritten whole at every flush, each upload
 longer than the last. So for a remote path the lines are appended to a local copy (in the cache
@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 import torch
 
+from mingpt.reporting.trackers import FINISHED, Trackers
 from mingpt.storage import files
 
 
@@ -28,15 +29,15 @@ def default_metrics_path(snapshot_path: str) -> str:
     return snapshot_path.rstrip("/") + "/metrics.jsonl"
 
 
-def open_run_metrics(path: Optional[str], snapshot_path: str, tensorboard_dir: Optional[str],
-                     active: bool, probed_folder: str) -> "MetricsLog":
+def open_run_metrics(path: Optional[str], snapshot_path: str, active: bool,
+                     probed_folder: str) -> "MetricsLog":
     """The run's metrics log, at path or beside the snapshots; its folder is checked for writing at
     start-up, unless it is probed_folder (the snapshots', which their store checks already)."""
     path = path or default_metrics_path(snapshot_path)
     folder = files.parent_folder(path)
     if active and folder != probed_folder:
         files.check_writable(folder, "trainer_config.metrics_path")
-    return MetricsLog(path, active, tensorboard_dir)
+    return MetricsLog(path, active)
 
 
 def local_copy_of(url: str) -> str:
@@ -46,23 +47,24 @@ def local_copy_of(url: str) -> str:
 
 
 class MetricsLog:
-    def __init__(self, path: str, active: bool, tensorboard_dir: Optional[str] = None):
+    def __init__(self, path: str, active: bool):
         self.path = path
         self.active = active
         self._appended_to = local_copy_of(path) if files.is_remote(path) else path
         """The file flush() appends to: path itself, or its local copy (see the module's docstring)."""
         self._pending: list[dict[str, Any]] = []
-        self._tensorboard = None
-        if active and tensorboard_dir:
-            from torch.utils.tensorboard import SummaryWriter  # only when asked: pulls in tensorboard
-
-            self._tensorboard = SummaryWriter(tensorboard_dir)
+        self.trackers: Optional[Trackers] = None
+        """Rank 0's run trackers, when the run has any (set once they are open)."""
+        self._tracked_through = 0
+        """The last step the trackers have had: a tracker's history only moves forward (trackers.py)."""
 
     def start(self, resumed_step: int) -> None:
         """Keep the lines of the steps a snapshot holds; drop any written after it (or all)."""
         if not self.active:
             return
-        kept = "".join(json.dumps(line) + "\n" for line in self._read() if line["step"] <= resumed_step)
+        lines = self._read()
+        self._tracked_through = max((line["step"] for line in lines), default=0)
+        kept = "".join(json.dumps(line) + "\n" for line in lines if line["step"] <= resumed_step)
         files.write_atomically(self._appended_to, lambda f: f.write(kept.encode()))
         self.publish()
 
@@ -73,12 +75,11 @@ class MetricsLog:
     def flush(self) -> None:
         if not self._pending:
             return
-        values = torch.stack([line["loss"].float() for line in self._pending]).tolist()  # one sync
-        lines = [{**line, "loss": value} for line, value in zip(self._pending, values)]
+        lines = on_the_host(self._pending)
         self._pending.clear()
         files.append_text(self._appended_to, "".join(json.dumps(line) + "\n" for line in lines))
-        if self._tensorboard is not None:
-            self._add_scalars(lines)
+        if self.trackers is not None:
+            self.trackers.send([line for line in lines if line["step"] > self._tracked_through])
 
     def publish(self) -> None:
         """Flush, and upload the local copy of a remote file (a snapshot is taken, or the run ends)."""
@@ -87,19 +88,10 @@ class MetricsLog:
             data = files.read_bytes(self._appended_to)
             files.write_atomically(self.path, lambda f: f.write(data))
 
-    def _add_scalars(self, lines: list[dict[str, Any]]) -> None:
-        for line in lines:
-            self._tensorboard.add_scalar(f"{line['kind']}/loss", line["loss"], line["step"])
-            if line["kind"] == "train":
-                self._tensorboard.add_scalar("train/lr", line["lr"], line["step"])
-                if line.get("tokens_per_s"):
-                    self._tensorboard.add_scalar("train/tokens_per_s", line["tokens_per_s"], line["step"])
-        self._tensorboard.flush()
-
-    def close(self) -> None:
+    def close(self, outcome: str = FINISHED) -> None:
         self.publish()
-        if self._tensorboard is not None:
-            self._tensorboard.close()
+        if self.trackers is not None:
+            self.trackers.close(outcome)
 
     def _read(self) -> list[dict[str, Any]]:
         try:
@@ -107,6 +99,15 @@ class MetricsLog:
         except FileNotFoundError:  # no run has written it yet
             return []
         return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def on_the_host(pending: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Recorded lines with their device tensors (losses, gradient norms) as numbers, in one sync."""
+    tensor_keys = [[key for key, value in line.items() if isinstance(value, torch.Tensor)]
+                   for line in pending]
+    tensors = [line[key].float() for line, keys in zip(pending, tensor_keys) for key in keys]
+    values = iter(torch.stack(tensors).tolist())
+    return [{**line, **{key: next(values) for key in keys}} for line, keys in zip(pending, tensor_keys)]
 
 
 def read_metrics(path: str, kind: Optional[str] = None) -> list[dict[str, Any]]:

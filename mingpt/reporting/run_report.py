@@ -1,18 +1,25 @@
 """What a training run tells its user as it goes, in one place: the original's loss lines, live
-progress (tokens/s, MFU, ETA) and the metrics file (JSON lines, TensorBoard scalars).
+progress (tokens/s, MFU, ETA), the metrics file (JSON lines) and the run trackers (trackers.py).
 
 Every rank calls it; global rank 0 speaks and writes (the others' MetricsLog and monitor are
-inactive). A new metric sink (a run tracker) joins MetricsLog's flush, which already holds each
-step's numbers on the host in one device sync.
+inactive, and they have no trackers). A new run tracker joins trackers.py; MetricsLog's flush hands
+it each line with its numbers on the host, in one device sync.
 """
-from typing import Optional
+import contextlib
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
 
+from mingpt.distributed.process_group import DistEnv
+from mingpt.reporting.flops import peak_flops
 from mingpt.reporting.logger import clear_status, log
-from mingpt.reporting.metrics import MetricsLog
+from mingpt.reporting.metrics import MetricsLog, open_run_metrics
 from mingpt.reporting.monitor import TrainingMonitor
+from mingpt.reporting.trackers import FAILED, FINISHED, STOPPED, TrackerConfig, open_trackers
 from mingpt.storage.snapshot import Progress
+
+if TYPE_CHECKING:
+    from mingpt.trainer import TrainerConfig
 
 
 class RunReport:
@@ -22,14 +29,38 @@ class RunReport:
         self.rank = rank
         self.log_every = log_every
 
+    @classmethod
+    def open(cls, config: "TrainerConfig", env: DistEnv, matmul_dtype: torch.dtype, flops_per_token: int,
+             total_steps: int, snapshot_folder: str, resumed_step: int) -> "RunReport":
+        """The report of a run starting (or resuming) at resumed_step; rank 0's speaks and writes."""
+        metrics = open_run_metrics(config.metrics_path, config.snapshot_path, active=env.is_main,
+                                   probed_folder=snapshot_folder)
+        metrics.start(resumed_step)
+        monitor = TrainingMonitor(
+            flops_per_token=flops_per_token,
+            peak_flops=peak_flops(env.device, matmul_dtype) if env.is_main else None,
+            world_size=env.world_size, total_steps=total_steps,
+            max_epochs=None if config.max_steps else config.max_epochs,
+            interval_s=config.progress_interval_s, active=env.is_main)
+        return cls(metrics, monitor, env.rank, config.log_every)
+
+    def track(self, config: TrackerConfig, snapshot_folder: str, progress: Progress,
+              run_config: dict[str, Any], summary: list[str]) -> None:
+        """Open the run trackers (global rank 0), continuing the tracked runs of progress (from the
+        snapshot resumed); their ids go into progress, and so into every snapshot from here on."""
+        if not (self.metrics.active and config.trackers):
+            return
+        trackers = open_trackers(config, snapshot_folder, progress.tracked_runs, run_config, summary)
+        self.metrics.trackers, progress.tracked_runs = trackers, trackers.run_ids
+
     def train_step(self, epoch: int, iteration: int, progress: Progress, loss: torch.Tensor,
-                   lr: float) -> None:
-        """A step's loss into progress and the metrics (on the device until the next flush), and the
-        original's line every log_every iterations."""
+                   grad_norm: torch.Tensor, lr: float) -> None:
+        """A step's loss and gradient norm into progress and the metrics (on the device until the
+        next flush), and the original's line every log_every iterations."""
         self.monitor.update(epoch, progress.step, progress.tokens, loss)
         self.metrics.record("train", loss, epoch=epoch, iter=iteration, step=progress.step,
                             tokens=progress.tokens, lr=lr, tokens_per_s=self.monitor.tokens_per_s,
-                            mfu=self.monitor.mfu)
+                            mfu=self.monitor.mfu, grad_norm=grad_norm.detach())
         self.loss_line("Train", epoch, iteration, loss)
 
     def loss_line(self, kind: str, epoch: int, iteration: int, loss: torch.Tensor) -> None:
@@ -57,8 +88,19 @@ class RunReport:
         """The metrics file, wherever it is, holds every step so far (a snapshot is being taken)."""
         self.metrics.publish()
 
-    def close(self, last_words: Optional[str] = None) -> None:
+    def close(self, last_words: Optional[str] = None, stopped: bool = False) -> None:
+        """The run ended (or stopped with its snapshot, resumable): said, published, trackers ended."""
         clear_status()
         if last_words:
             log.info(last_words)
-        self.metrics.close()
+        self.metrics.close(STOPPED if stopped else FINISHED)
+
+    @contextlib.contextmanager
+    def failed_on_error(self) -> Iterator[None]:
+        """A run that fails ends its tracked runs as failed (after a stop they are ended already)."""
+        try:
+            yield
+        except BaseException:
+            if self.metrics.trackers is not None:
+                self.metrics.trackers.close(FAILED)
+            raise

@@ -51,6 +51,9 @@ class Progress:
     """Training tokens seen so far, over all ranks."""
     world_size: int = 1
     """Ranks that trained up to here: RNG states are per rank, so they resume at the same count."""
+    tracked_runs: dict[str, str] = field(default_factory=dict, compare=False)
+    """The run trackers' ids of this training run, by tracker (reporting/trackers.py): a resumed run
+    continues them. Known to global rank 0 only, which writes them; not part of the position."""
 
     def advance(self, samples: int, tokens: int) -> None:
         """Count one optimizer step of samples and tokens over all ranks."""
@@ -132,7 +135,8 @@ def read_snapshot(path: str, key: str = TRAINING_KEY) -> Optional[Snapshot]:
     except Exception as e:  # corrupt, truncated, or a pickle that would run code: all refused
         raise SnapshotError(f"snapshot {path} cannot be loaded ({short_reason(e)}); {advice}") from None
     expected = {f.name for f in fields(Snapshot)}
-    if not isinstance(state, dict) or set(state) != expected:
+    # A snapshot of an earlier version may lack a later field (its default then holds), never have another.
+    if not isinstance(state, dict) or not set(state) <= expected or "model_state" not in state:
         found = sorted(state) if isinstance(state, dict) else type(state).__name__
         raise SnapshotError(f"snapshot {path} is not a minGPT-DDP snapshot (holds {found}); {advice}")
     return Snapshot(**state)

@@ -101,12 +101,13 @@ def train(text_file, snapshot, method="fsdp", epochs=1, nproc=2, **extra):
     return result
 
 
-def step_losses(snapshot, epoch=None):
-    """Train losses of the run that wrote snapshot (a file of a snapshot folder: the folder's run)."""
+def step_losses(snapshot, epoch=None, value="loss"):
+    """Train losses (or another value of the train lines) of the run that wrote snapshot (a file of
+    a snapshot folder: the folder's run)."""
     in_folder = snapshot.name.startswith("snapshot_")
     metrics = snapshot.parent / "metrics.jsonl" if in_folder else default_metrics_path(str(snapshot))
     lines = read_metrics(str(metrics), "train")
-    return [line["loss"] for line in lines if epoch is None or line["epoch"] == epoch]
+    return [line[value] for line in lines if epoch is None or line["epoch"] == epoch]
 
 
 @pytest.fixture(scope="module")
@@ -117,11 +118,15 @@ def runs(fsdp_two_epochs, ddp_two_epochs):
     return {"fsdp1": fsdp1, "fsdp2": fsdp2, "ddp1": ddp_two_epochs.snapshots[0]}
 
 
-def test_fsdp_losses_match_ddp_step_by_step(runs):
+def test_fsdp_losses_and_gradient_norms_match_ddp_step_by_step(runs):
     fsdp, ddp = step_losses(runs["fsdp1"], epoch=1), step_losses(runs["ddp1"], epoch=1)
     assert len(fsdp) == len(ddp) > 50
     assert fsdp[:20] == pytest.approx(ddp[:20], rel=1e-5)
     assert fsdp[-1] < fsdp[0] - 0.5, "FSDP did not train"
+    # The norm of the whole gradient, not of this rank's shard of it
+    fsdp_norms, ddp_norms = (step_losses(runs[run], epoch=1, value="grad_norm")[:20]
+                             for run in ("fsdp1", "ddp1"))
+    assert fsdp_norms == pytest.approx(ddp_norms, rel=1e-4) and min(ddp_norms) > 0
 
 
 def resume(runs, source, text_file, tmp_path, method, nproc):

@@ -293,7 +293,8 @@ class TestTwoHosts:
         assert "group_world_size=2" in node1 and "group_world_size=2" in node2
         assert "master_addr=node1" in node2, "node2's worker did not meet at node1's address"
         # Start-up names the link the gloo groups use between the hosts (each has its veth0 only).
-        assert f"gloo across nodes on veth0 ({TwoHosts.ADDRESSES[0]}, the address of hostname node1)" in node1
+        address = TwoHosts.ADDRESSES[0]
+        assert f"gloo on cpu, across nodes on veth0 ({address}, the address of hostname node1)" in node1
 
     def test_killed_worker_on_second_host_restarts_both_and_resumes(self, two_host_run):
         node1, node2 = two_host_run.logs
@@ -399,6 +400,9 @@ def hsdp_chain(text_file, tmp_path_factory) -> HsdpChain:
     root = tmp_path_factory.mktemp("hsdp")
     snapshot, sharded, shards = root / "chain.pt", root / "sharded", root / "shards"
     shards.mkdir()
+    half = root / "half.txt"  # an epoch of 21 steps on 4 ranks: 11 of them on the 2 x 2 mesh
+    half.write_text(text_file.read_text()[:3000])
+    text_file = half
     fsdp = run_main(tiny_overrides(text_file, snapshot, trainer_config__distributed_method="fsdp",
                                    trainer_config__max_steps=FSDP_STEPS),
                     nproc=2, script=HSDP_MAIN, env={"ALSO_SHARDED": str(sharded)})
@@ -427,7 +431,8 @@ class TestHsdp:
     def test_hsdp_runs_on_a_2x2_mesh_holding_half_the_model_per_rank(self, hsdp_chain):
         node1, node2 = hsdp_chain.hsdp
         assert hsdp_chain.hsdp_exit_codes == [0, 0], f"node1:\n{node1}\nnode2:\n{node2}"
-        assert "World: 4 process(es) on 2 node(s), gloo on cpu; hsdp with CPU offload;" in node1, node1
+        assert "World: 4 process(es) on 2 node(s), gloo on cpu, across nodes on veth0 (" in node1, node1
+        assert "; hsdp with CPU offload;" in node1, node1
         assert [rank["host"] for rank in hsdp_chain.shards] == ["node1", "node1", "node2", "node2"]
         model_bytes = sum(t.numel() * t.element_size()
                           for t in torch.load(hsdp_chain.snapshot, weights_only=True)["model_state"].values())

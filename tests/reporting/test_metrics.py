@@ -1,6 +1,5 @@
 import json
 
-import pytest
 import torch
 
 from mingpt.reporting.metrics import MetricsLog, default_metrics_path, read_metrics
@@ -38,26 +37,3 @@ def test_inactive_log_writes_nothing(tmp_path):
     metrics.record("train", torch.tensor(1.0), epoch=1, step=1)
     metrics.flush()
     assert not (tmp_path / "m.jsonl").exists()
-
-
-def test_tensorboard_holds_the_recorded_scalars_at_their_steps(tmp_path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    metrics = MetricsLog(str(tmp_path / "m.jsonl"), active=True, tensorboard_dir=str(tmp_path / "tb"))
-    metrics.record("train", torch.tensor(2.5), epoch=1, step=1, lr=1e-3, tokens_per_s=None)  # no rate yet
-    metrics.record("train", torch.tensor(2.0), epoch=1, step=2, lr=5e-4, tokens_per_s=100.0)
-    metrics.flush()
-    metrics.record("eval", torch.tensor(1.75), epoch=1, step=2)
-    metrics.record("train", torch.tensor(1.5), epoch=2, step=3, lr=2.5e-4, tokens_per_s=120.0)
-    metrics.close()
-    events = EventAccumulator(str(tmp_path / "tb"))
-    events.Reload()
-
-    def scalars(tag: str) -> list[tuple[int, float]]:
-        return [(event.step, pytest.approx(event.value)) for event in events.Scalars(tag)]
-
-    assert set(events.Tags()["scalars"]) == {"train/loss", "train/lr", "train/tokens_per_s", "eval/loss"}
-    assert scalars("train/loss") == [(1, 2.5), (2, 2.0), (3, 1.5)]
-    assert scalars("train/lr") == [(1, 1e-3), (2, 5e-4), (3, 2.5e-4)]
-    assert scalars("train/tokens_per_s") == [(2, 100.0), (3, 120.0)]
-    assert scalars("eval/loss") == [(2, 1.75)]

@@ -87,6 +87,27 @@ def test_a_file_that_is_not_a_snapshot_is_refused(tmp_path):
         read_snapshot(str(path))
 
 
+def test_a_snapshot_from_before_a_field_existed_loads_with_its_default_and_an_unknown_field_is_refused(
+        tmp_path):
+    older, other = tmp_path / "older.pt", tmp_path / "other.pt"
+    state = snapshot(1).as_dict()
+    del state["tracked_runs"]  # snapshots written before run trackers
+    torch.save(state, older)
+    assert read_snapshot(str(older)).tracked_runs == {}
+    torch.save({**state, "weights": torch.zeros(2)}, other)
+    with pytest.raises(SnapshotError, match="not a minGPT-DDP snapshot"):
+        read_snapshot(str(other))
+
+
+def test_the_tracked_runs_travel_with_the_snapshot_but_are_no_part_of_the_position(tmp_path):
+    tracked = snapshot(1)
+    tracked.tracked_runs = {"wandb": "a1b2c3d4"}
+    write_snapshot(tracked, str(tmp_path / "snap.pt"))
+    loaded = read_snapshot(str(tmp_path / "snap.pt"))
+    assert loaded.tracked_runs == {"wandb": "a1b2c3d4"}
+    assert loaded.progress == snapshot(1).progress  # ranks that know no run ids agree on where they are
+
+
 def test_a_snapshot_of_another_model_or_vocabulary_is_refused():
     saved = snapshot(n_layer=2)
     config = dict(saved.model_config)

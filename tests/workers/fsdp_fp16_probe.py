@@ -30,7 +30,7 @@ with distributed_session() as env:
     trainer = trainer_module.Trainer(config, model, OptimizerConfig(learning_rate=3e-3), dataset, None,
                                      dataset.vocab, env)
     batches = iter(trainer.train_loader)
-    losses = [trainer.train_step(*trainer.to_device(next(batches))).item() for _ in range(30)]
+    losses = [trainer.train_step(*trainer.to_device(next(batches)))[0].item() for _ in range(30)]
     trainer.save_snapshot("the end")
     if env.is_main:
         print(f"FP16 {type(trainer.scaler).__name__} {losses[0]} {losses[-1]} {trainer.scaler.get_scale()}")
