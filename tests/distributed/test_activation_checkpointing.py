@@ -21,7 +21,7 @@ def one_step(tmp_path, monkeypatch, mode: str, amp_dtype) -> tuple[dict, list[in
     activation bytes each micro-batch's forward pass saved for its backward pass."""
     monkeypatch.setattr(trainer_module, "resolve_precision",  # bf16 autocast even where it is emulated
                         lambda use_amp, dtype, device: Precision(device.type, amp_dtype))
-    monkeypatch.setattr(trainer_module, "peak_flops", lambda device, dtype: None)  # no MFU needed
+    monkeypatch.setattr("mingpt.reporting.run_report.peak_flops", lambda device, dtype: None)  # no MFU needed
     dataset = CharDataset(make_text(500), 16)
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=dataset.vocab_size, block_size=16))

@@ -25,13 +25,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from mingpt import trainer as trainer_module
 from mingpt.char_dataset import CharDataset
 from mingpt.distributed import cpu_collectives
 from mingpt.distributed.activation_checkpointing import saved_activations
 from mingpt.distributed.parallel import gather_full_state
 from mingpt.distributed.process_group import distributed_session
 from mingpt.model import GPT, GPTConfig, OptimizerConfig
+from mingpt.reporting import run_report
 from mingpt.trainer import Trainer, TrainerConfig
 
 BATCH = 32
@@ -105,7 +105,7 @@ def one_step(method: str, accum: int, dataset: CharDataset, inputs, targets, env
 
 if __name__ == "__main__":
     out_dir = Path(sys.argv[1])
-    trainer_module.peak_flops = lambda device, dtype: None  # no MFU here: skip timing matmuls (2 s)
+    run_report.peak_flops = lambda device, dtype: None  # no MFU here: skip timing matmuls (2 s)
     counter = CollectiveCount()
     counter.patch_torch_distributed()
     with distributed_session() as env:
