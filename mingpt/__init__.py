@@ -11,3 +11,11 @@ plot_metrics.py, prepare_data.py, convert_snapshot.py). Support code lives in fo
 
 docs/ARCHITECTURE.md draws the whole.
 """
+import atexit
+import gc
+
+# At exit, Python's finalisation collects garbage over every object the process still holds: with
+# torch imported, about 0.7 s of every process's end (every rank, every restart, every command).
+# Frozen first, those objects are not scanned; the system takes the memory back with the process.
+# Registered at the first import of the package, this handler runs after every other one.
+atexit.register(gc.freeze)

@@ -134,11 +134,13 @@ node_main() {
 # torchrun forwards the signals it handles to its workers, then waits --shutdown-timeout seconds
 # before killing them: let it forward SIGUSR1 too (without a handler it would die at once and
 # orphan its workers), and give the workers time to save. Older torchruns lack these options.
+# (Asked once: each `torchrun --help` imports torch, seconds of the job's start.)
+torchrun_help=$("$torchrun" --help 2>/dev/null || true)
 stop_options=()
-if "$torchrun" --help 2>/dev/null | grep -q -- "--signals-to-handle"; then
+if grep -q -- "--signals-to-handle" <<< "$torchrun_help"; then
     stop_options+=(--signals-to-handle "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
 fi
-if "$torchrun" --help 2>/dev/null | grep -q -- "--shutdown-timeout"; then
+if grep -q -- "--shutdown-timeout" <<< "$torchrun_help"; then
     stop_options+=(--shutdown-timeout "${STOP_GRACE:-110}")
 fi
 
