@@ -10,8 +10,8 @@ fresh process, as a user would run it:
   to date: wall time, MB/s of text, and the process's peak resident memory (wait4's ru_maxrss);
 - start-up: `python mingpt/main.py` with a tiny model, from process start to its first training
   step's loss line, and on the way when it had loaded the data and built the Trainer;
-- memory per rank under `torchrun --nproc_per_node=2`: each worker's unique set size (Private_Clean
-  + Private_Dirty of /proc/PID/smaps_rollup) and PSS, its DataLoader workers included, polled while
+- memory per rank under `torchrun --nproc_per_node=2`: each worker's unique set size (USS: its
+  private pages, psutil's memory_full_info) and PSS, its DataLoader workers included, polled while
   the run lasts and the largest kept; for the big text and for a small one, whose difference is
   what the corpus costs a rank;
 - the DataLoader alone: samples/s of batches of the default config's size (216 x 128), with 0 and
@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
+import psutil
 import torch
 from common import REPO, RESULTS, emit, save_json
 
@@ -318,70 +319,52 @@ def measure_startup(text: Path, workdir: Path, args) -> dict:
     return {**result, "total_s": run.seconds, "peak_rss_mb": run.peak_rss_mb, "error": run.error()}
 
 
-SMAPS_FIELDS = {"Pss": "pss", "Private_Clean": "private_clean", "Private_Dirty": "private_dirty",
-                "Anonymous": "anonymous", "Rss": "rss"}
+MEMORY_FIELDS = ("uss", "pss", "rss")
+"""psutil's memory_full_info: USS (private to the process: Private_Clean + Private_Dirty), PSS (its
+private pages plus its share of pages it shares) and RSS."""
 
 
-def children_by_parent() -> dict[int, list[int]]:
-    """Every process's children, from the parent links in /proc/*/stat."""
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:
-            continue  # gone meanwhile
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # after the command name, which may hold spaces
-        children.setdefault(ppid, []).append(int(entry.name))
-    return children
-
-
-def process_tree(pid: int, children: dict[int, list[int]]) -> list[int]:
-    """pid and all its descendants."""
-    tree, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        tree.append(current)
-        todo.extend(children.get(current, []))
-    return tree
-
-
-def smaps(pid: int) -> Optional[dict[str, float]]:
-    """MB of each SMAPS_FIELDS field of a process, None if it has gone."""
+def memory_of(process: psutil.Process) -> Optional[dict[str, float]]:
+    """MB of each MEMORY_FIELDS figure of a process, None if it has gone."""
     try:
-        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
-    except OSError:
+        info = process.memory_full_info()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
-    figures = {}
-    for line in text.splitlines():
-        key, _, rest = line.partition(":")
-        if key in SMAPS_FIELDS:
-            figures[SMAPS_FIELDS[key]] = int(rest.split()[0]) * 1024 / MB
-    return figures
+    return {key: getattr(info, key) / MB for key in MEMORY_FIELDS}
 
 
-def rank_of(pid: int) -> Optional[int]:
+def rank_of(process: psutil.Process) -> Optional[int]:
     """RANK from a process's environment (torchrun sets it for each worker)."""
     try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
+        value = process.environ().get("RANK")
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
-    value = next((item[5:] for item in environ if item.startswith(b"RANK=")), None)
     return int(value) if value is not None else None
 
 
-def ranks_below(root: int, children: dict[int, list[int]]) -> dict[int, int]:
-    """The torchrun workers among root's descendants, pid -> rank: the processes with RANK in their
-    environment whose parent has none (their DataLoader workers inherit it)."""
-    workers, todo = {}, [(root, None)]
-    while todo:
-        pid, parent_rank = todo.pop()
-        rank = rank_of(pid)
-        if rank is not None and parent_rank is None:
-            workers[pid] = rank
-        todo.extend((child, rank) for child in children.get(pid, []))
+def ranks_below(root: int) -> dict[psutil.Process, int]:
+    """The torchrun workers among root's descendants, with their ranks: the processes with RANK in
+    their environment whose parent has none (their DataLoader workers inherit it)."""
+    try:
+        descendants = psutil.Process(root).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return {}
+    workers = {}
+    for process in descendants:
+        rank = rank_of(process)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            parent = process.parent()
+            if rank is not None and (parent is None or rank_of(parent) is None):
+                workers[process] = rank
     return workers
+
+
+def process_tree(process: psutil.Process) -> list[psutil.Process]:
+    """process and all its descendants (none if it has gone)."""
+    try:
+        return [process, *process.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
 @dataclass
@@ -394,13 +377,11 @@ class RankMemory:
     samples: int = 0
 
     def sample(self, root: int, training: bool) -> None:
-        children = children_by_parent()
-        for worker, rank in ranks_below(root, children).items():
-            tree = [f for f in map(smaps, process_tree(worker, children)) if f is not None]
+        for worker, rank in ranks_below(root).items():
+            tree = [f for f in map(memory_of, process_tree(worker)) if f is not None]
             if not tree:
                 continue
-            total = {key: sum(f.get(key, 0.0) for f in tree) for key in SMAPS_FIELDS.values()}
-            total["uss"] = total["private_clean"] + total["private_dirty"]
+            total = {key: sum(f[key] for f in tree) for key in MEMORY_FIELDS}
             total["processes"] = len(tree)
             for peaks in (self.whole, self.training) if training else (self.whole,):
                 old = peaks.setdefault(rank, {})

@@ -45,6 +45,7 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+import psutil
 import torch
 from common import (
     RESULTS,
@@ -123,14 +124,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 # ------------------------------------------------------------------------------------------ the machine
 
 def machine_busy_seconds() -> float:
-    """CPU seconds all processes have used since boot (Linux /proc/stat); NaN elsewhere."""
-    try:
-        with open("/proc/stat") as f:
-            jiffies = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return math.nan
-    idle = jiffies[3] + jiffies[4]  # idle and iowait
-    return (sum(jiffies) - idle) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds all processes have used since boot (all cores, idle and iowait excepted)."""
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
 
 
 class CpuMonitor:

@@ -10,6 +10,7 @@ Both are context managers: whatever they start is stopped by PID, and the namesp
 the way out, whether the test passed or not. The facts they rely on were measured here and are in
 ../shared/notes/cluster-on-one-machine.md.
 """
+import contextlib
 import os
 import pwd
 import re
@@ -23,6 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Optional, TypeVar
 
+import psutil
 import pytest
 
 T = TypeVar("T")
@@ -121,33 +123,23 @@ def _kill(pid: int) -> None:
         pass
 
 
-def children(pid: int) -> list[int]:
-    """PIDs of the direct children of pid (from /proc/*/stat)."""
+def _pids_with_environment(*entries: str) -> list[int]:
+    """PIDs (other than this one) whose environment holds every entry, e.g. 'SLURM_CONF=/tmp/x'."""
+    wanted = dict(entry.split("=", 1) for entry in entries)
     found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            # "pid (comm) state ppid ...": comm may hold spaces and parentheses; split after the last ')'.
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):  # gone meanwhile, or a kernel thread
+            environ = process.environ()
+            if process.pid != os.getpid() and all(environ.get(k) == v for k, v in wanted.items()):
+                found.append(process.pid)
     return found
 
 
-def _environment(pid: int) -> list[bytes]:
-    """The NAME=value entries of a process's environment (none if it is gone)."""
+def _has_environment(pid: int, name: str) -> bool:
     try:
-        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return []
-
-
-def _pids_with_environment(*entries: str) -> list[int]:
-    """PIDs (other than this one) whose environment holds every entry, e.g. 'SLURM_CONF=/tmp/x'."""
-    wanted = {entry.encode() for entry in entries}
-    return [int(proc.name) for proc in Path("/proc").glob("[0-9]*")
-            if int(proc.name) != os.getpid() and wanted <= set(_environment(int(proc.name)))]
+        return name in psutil.Process(pid).environ()
+    except psutil.Error:
+        return False
 
 
 class _StartedAndStopped:
@@ -291,20 +283,16 @@ PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE St
 
     def steps_running(self, job_id: str) -> bool:
         """Whether any slurmstepd of the job (its batch script or a step) is still on a node."""
-        marker = f"slurmstepd: [{job_id}.".encode()
-        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-            try:
-                if cmdline.read_bytes().startswith(marker):
-                    return True
-            except OSError:
-                continue
-        return False
+        marker = f"slurmstepd: [{job_id}."
+        # slurmstepd writes that title over its arguments; psutil splits it at its spaces
+        return any(" ".join(process.info["cmdline"] or []).startswith(marker)
+                   for process in psutil.process_iter(["cmdline"]))
 
     def training_processes(self, job_id: str, node: str) -> list[int]:
         """PIDs of a job's torchrun workers on a node (workers have RANK set; their agent has not)."""
         return [pid for pid in _pids_with_environment(f"SLURM_CONF={self.conf}", f"SLURM_JOB_ID={job_id}",
                                                       f"SLURMD_NODENAME={node}")
-                if any(entry.startswith(b"RANK=") for entry in _environment(pid))]
+                if _has_environment(pid, "RANK")]
 
     # -- stop ------------------------------------------------------------------------------------
     def stop(self) -> None:

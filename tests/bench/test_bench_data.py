@@ -33,10 +33,7 @@ def test_reports_preparation_startup_memory_per_rank_and_loader_speed(tmp_path):
         ranks = memory[text]["ranks"]
         assert set(ranks) == {"0", "1"}
         for rank in ranks.values():
-            assert 0 < rank["uss"] <= rank["rss"] and 0 < rank["pss"] <= rank["rss"]
-            # Each field is its own maximum over the samples: USS is Private_Clean + Private_Dirty of one.
-            private = rank["private_clean"] + rank["private_dirty"]
-            assert rank["private_dirty"] <= rank["uss"] <= private + 1e-6
+            assert 0 < rank["uss"] <= rank["pss"] <= rank["rss"]  # a process's private pages, shares, all
         assert set(memory[text]["ranks_training"]) == {"0", "1"}  # sampled after the first step too
     assert set(memory["extra_uss_mb"]) == {"0", "1"}
     assert all(abs(extra) < 300 for extra in memory["extra_uss_mb"].values())  # 1 MB vs 0.2 MB of text

@@ -7,6 +7,7 @@ The daemons and namespaces come from tests/cluster.py and are stopped by the fix
 Without root or Slurm's packages these tests skip, saying why; .ci/run installs the packages and sets
 MINGPT_CLUSTER_TESTS=required, which turns a skip into a failure.
 """
+import contextlib
 import os
 import re
 import signal
@@ -15,13 +16,13 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from cluster import (
     TERMINAL_JOB_STATES,
     SlurmCluster,
     TwoHosts,
-    children,
     free_port,
     namespaces_unavailable,
     skip_unless_possible,
@@ -243,12 +244,10 @@ class TwoHostRun:
 def worker_of(agent: int) -> int:
     """The training process below a torchrun agent."""
     def find():
-        for child in children(agent):
-            try:
-                if str(MAIN).encode() in Path(f"/proc/{child}/cmdline").read_bytes():
-                    return child
-            except OSError:
-                continue
+        for child in psutil.Process(agent).children():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if str(MAIN) in child.cmdline():
+                    return child.pid
         return None
     return wait_for(find, 60, f"the worker of torchrun agent {agent}")
 
