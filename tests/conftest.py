@@ -14,12 +14,12 @@ from helpers import (
     MINGPT,
     REPO,
     TORCHRUN,
+    WORKER_SCRIPTS,
     assert_ok,
     kill_all,
     make_text,
     run,
     run_main,
-    run_probe,
     tiny_overrides,
 )
 from s3_server import S3Server, start_s3_server
@@ -107,14 +107,23 @@ def fsdp_two_epochs(request, shared_text, tmp_path_factory) -> SimpleNamespace:
 
 
 @pytest.fixture(scope="session")
-def probes(request, shared_text, tmp_path_factory) -> dict[str, list[dict]]:
-    """tests/workers/probe.py on 2 ranks, DDP then FSDP in one run: what each rank saw of one step,
-    an eval pass and a snapshot (test_distributed's DDP facts, test_parallel's FSDP ones)."""
-    methods = ["ddp", "fsdp"]
-    folder = once_per_suite(request, tmp_path_factory, "probes",
-                            lambda out: run_probe(methods, shared_text, out))
-    return {method: [json.loads((folder / f"{method}_rank{rank}.json").read_text()) for rank in range(2)]
-            for method in methods}
+def probe_runs(request, shared_text, tmp_path_factory) -> Path:
+    """tests/workers/probes.py on 2 ranks, once per suite: every probe of tests/workers in one launch,
+    each into a folder of its own (init, steps, grad_sync: see that script)."""
+    def make(folder: Path) -> None:
+        assert_ok(run([*TORCHRUN, "--standalone", "--nproc_per_node=2", WORKER_SCRIPTS / "probes.py",
+                       shared_text, folder]))
+
+    return once_per_suite(request, tmp_path_factory, "probes", make)
+
+
+@pytest.fixture(scope="session")
+def probes(probe_runs) -> dict[str, list[dict]]:
+    """What each of 2 ranks saw of one step, an eval pass and a snapshot, DDP then FSDP in one run
+    (tests/workers/probe.py: test_distributed's DDP facts, test_parallel's FSDP ones)."""
+    return {method: [json.loads((probe_runs / "steps" / f"{method}_rank{rank}.json").read_text())
+                     for rank in range(2)]
+            for method in ("ddp", "fsdp")}
 
 
 @pytest.fixture(scope="session")

@@ -144,15 +144,6 @@ def assert_ok(result: subprocess.CompletedProcess) -> None:
     assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
 
 
-def run_probe(methods: list[str], text_file: Path, out: Path, nproc: int = 2) -> dict[str, list[dict]]:
-    """Facts from each rank of tests/workers/probe.py, per method: one step, an eval pass and a snapshot."""
-    result = run([*TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", WORKER_SCRIPTS / "probe.py",
-                  ",".join(methods), text_file, out])
-    assert_ok(result)
-    return {method: [json.loads((out / f"{method}_rank{rank}.json").read_text()) for rank in range(nproc)]
-            for method in methods}
-
-
 class RunsCode:
     """Pickles to a call of os.system: a snapshot holding one must be refused, never executed."""
 

@@ -8,14 +8,15 @@ SCRIPT = REPO / "bench" / "multi_rank_cuda.py"
 
 
 def test_a_scenario_runs_its_ranks_and_is_recorded(tmp_path):
-    """HSDP as 2 nodes of 1 rank: two torchrun agents on this machine, as the script runs it on a GPU."""
+    """FSDP on 2 ranks under one torchrun, as the script runs it on a GPU (HSDP's two agents run in
+    tests/end_to_end/test_cluster.py, across two hosts)."""
     out = tmp_path / "multi_rank.json"
-    result = run([sys.executable, SCRIPT, "--only", "hsdp", "--out", out], timeout=300)
+    result = run([sys.executable, SCRIPT, "--only", "fsdp", "--out", out], timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "hsdp: passed" in result.stdout
+    assert "fsdp: passed" in result.stdout
     recorded = json.loads(out.read_text())
-    assert recorded["device"] == "cpu" and list(recorded["scenarios"]) == ["hsdp"]
-    assert recorded["scenarios"]["hsdp"]["outcome"] == "passed"
+    assert recorded["device"] == "cpu" and list(recorded["scenarios"]) == ["fsdp"]
+    assert recorded["scenarios"]["fsdp"]["outcome"] == "passed"
 
 
 def test_an_unknown_scenario_is_one_line_naming_the_choices(tmp_path):

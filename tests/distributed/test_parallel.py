@@ -195,12 +195,9 @@ def test_fsdp_fp16_trains_with_the_sharded_grad_scaler_and_ddp_resumes_it(tmp_pa
 
 
 @pytest.fixture(scope="module")
-def grad_sync(tmp_path_factory):
+def grad_sync(probe_runs):
     """tests/workers/grad_sync_probe.py on 2 ranks: one step of 32 samples per rank, whole and as 2 x 16."""
-    out = tmp_path_factory.mktemp("grad_sync")
-    probe = WORKER_SCRIPTS / "grad_sync_probe.py"
-    assert_ok(run([*TORCHRUN, "--standalone", "--nproc_per_node=2", probe, out]))
-    return out
+    return probe_runs / "grad_sync"
 
 
 @pytest.mark.parametrize("method", ["ddp", "fsdp"])
@@ -258,11 +255,9 @@ def test_activation_checkpointing_gives_the_same_step_from_fewer_saved_bytes(gra
 
 
 @pytest.fixture(scope="module")
-def init_probe(tmp_path_factory):
+def init_probe(probe_runs):
     """tests/workers/init_probe.py on 2 ranks: meta-built models placed by each method, and a peak."""
-    out = tmp_path_factory.mktemp("init_probe")
-    assert_ok(run([*TORCHRUN, "--standalone", "--nproc_per_node=2", WORKER_SCRIPTS / "init_probe.py", out]))
-    return out
+    return probe_runs / "init"
 
 
 def test_initial_weights_are_the_same_for_every_method_and_world_size(init_probe, world_of_one):

@@ -65,9 +65,9 @@ class CollectiveCount:
         return counted
 
 
-def one_step(method: str, accum: int, dataset: CharDataset, inputs, targets, env, counter, name: str,
+def one_step(method: str, accum: int, dataset: CharDataset, inputs, targets, env, counter, saved_as: Path,
              dropout: float = 0.0, **settings) -> tuple[list[int], list[int]]:
-    """One train_step, its end state saved as OUT_DIR/{name}.pt; returns the collectives each
+    """One train_step, its end state saved (rank 0) as saved_as; returns the collectives each
     micro-batch's backward pass issued, and the bytes each forward pass saved for backward.
     settings: more TrainerConfig fields."""
     torch.manual_seed(0)
@@ -75,7 +75,7 @@ def one_step(method: str, accum: int, dataset: CharDataset, inputs, targets, env
                           embd_pdrop=dropout, resid_pdrop=dropout, attn_pdrop=dropout))
     config = TrainerConfig(batch_size=BATCH // accum, grad_accum_steps=accum, data_loader_workers=0,
                            use_amp=False, distributed_method=method, **settings,
-                           snapshot_path=f"memory://grad_sync/{name}/")
+                           snapshot_path=f"memory://grad_sync/{saved_as.stem}/")
     trainer = Trainer(config, model, OptimizerConfig(learning_rate=3e-3), dataset, None, dataset.vocab, env)
     if method == "ddp":
         trainer.model.register_comm_hook(None, counter.ddp_hook)
@@ -99,30 +99,35 @@ def one_step(method: str, accum: int, dataset: CharDataset, inputs, targets, env
     model_state, optimizer_state = gather_full_state(trainer.model, trainer.optimizer)
     if env.is_main:
         state = {"model": model_state, "optimizer": optimizer_state}
-        torch.save(state, out_dir / f"{name}.pt")
+        torch.save(state, saved_as)
     return per_backward, saved
 
 
-if __name__ == "__main__":
-    out_dir = Path(sys.argv[1])
+def record(out_dir: Path, env) -> None:
+    """Every step above, written to out_dir. It counts collectives by patching torch.distributed's
+    functions for the rest of the process: a process that probes more runs this last."""
     run_report.peak_flops = lambda device, dtype: None  # no MFU here: skip timing matmuls (2 s)
     counter = CollectiveCount()
     counter.patch_torch_distributed()
+    dataset = CharDataset("".join(chr(97 + (i * 31) % 20) for i in range(2000)), 16)
+    own_batch = torch.Generator().manual_seed(env.rank)  # each rank its own samples
+    ids = torch.randint(dataset.vocab_size, (BATCH, 17), generator=own_batch)
+    inputs, targets = ids[:, :-1], ids[:, 1:]
+    syncs = {method: {accum: one_step(method, accum, dataset, inputs, targets, env, counter,
+                                      out_dir / f"{method}_accum{accum}.pt")[0]
+                      for accum in (1, 2)}
+             for method in ("ddp", "fsdp")}
+    (out_dir / f"syncs_rank{env.rank}.json").write_text(json.dumps(syncs))
+    activations = {method: {mode: one_step(method, 2, dataset, inputs, targets, env, counter,
+                                           out_dir / f"{method}_dropout_{mode}.pt", dropout=0.1,
+                                           activation_checkpointing=mode)[1]
+                            for mode in ("none", "full")}
+                   for method in ("ddp", "fsdp")}
+    (out_dir / f"activations_rank{env.rank}.json").write_text(json.dumps(activations))
+    one_step("fsdp", 2, dataset, inputs, targets, env, counter,
+             out_dir / "fsdp_dropout_kept_after_forward.pt", dropout=0.1, reshard_after_forward=False)
+
+
+if __name__ == "__main__":
     with distributed_session() as env:
-        dataset = CharDataset("".join(chr(97 + (i * 31) % 20) for i in range(2000)), 16)
-        own_batch = torch.Generator().manual_seed(env.rank)  # each rank its own samples
-        ids = torch.randint(dataset.vocab_size, (BATCH, 17), generator=own_batch)
-        inputs, targets = ids[:, :-1], ids[:, 1:]
-        syncs = {method: {accum: one_step(method, accum, dataset, inputs, targets, env, counter,
-                                          f"{method}_accum{accum}")[0]
-                          for accum in (1, 2)}
-                 for method in ("ddp", "fsdp")}
-        (out_dir / f"syncs_rank{env.rank}.json").write_text(json.dumps(syncs))
-        activations = {method: {mode: one_step(method, 2, dataset, inputs, targets, env, counter,
-                                               f"{method}_dropout_{mode}", dropout=0.1,
-                                               activation_checkpointing=mode)[1]
-                                for mode in ("none", "full")}
-                       for method in ("ddp", "fsdp")}
-        (out_dir / f"activations_rank{env.rank}.json").write_text(json.dumps(activations))
-        one_step("fsdp", 2, dataset, inputs, targets, env, counter, "fsdp_dropout_kept_after_forward",
-                 dropout=0.1, reshard_after_forward=False)
+        record(Path(sys.argv[1]), env)

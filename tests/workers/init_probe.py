@@ -50,21 +50,20 @@ def peak_rise_of_placing(config: GPTConfig, env) -> int:
     return rise
 
 
-def main(out_dir: str) -> None:
-    out = Path(out_dir)
-    with distributed_session() as env:
-        for name, parallelism in PLACEMENTS.items():
-            model = placed(TINY, parallelism, env)
-            state = get_model_state_dict(model, options=FULL_STATE)
-            if env.is_main:
-                torch.save(state, out / f"{name}.pt")
-            del model
-        rise = peak_rise_of_placing(LARGER, env)
-        with torch.device("meta"):
-            sizes = [p.numel() * p.element_size() for p in GPT(LARGER).parameters()]
-        facts = {"peak_rise": rise, "model_bytes": sum(sizes), "largest_parameter_bytes": max(sizes)}
-        (out / f"peak_rank{env.rank}.json").write_text(json.dumps(facts))
+def record(out: Path, env) -> None:
+    for name, parallelism in PLACEMENTS.items():
+        model = placed(TINY, parallelism, env)
+        state = get_model_state_dict(model, options=FULL_STATE)
+        if env.is_main:
+            torch.save(state, out / f"{name}.pt")
+        del model
+    rise = peak_rise_of_placing(LARGER, env)
+    with torch.device("meta"):
+        sizes = [p.numel() * p.element_size() for p in GPT(LARGER).parameters()]
+    facts = {"peak_rise": rise, "model_bytes": sum(sizes), "largest_parameter_bytes": max(sizes)}
+    (out / f"peak_rank{env.rank}.json").write_text(json.dumps(facts))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    with distributed_session() as env:
+        record(Path(sys.argv[1]), env)

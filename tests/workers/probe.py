@@ -94,14 +94,14 @@ def probe(method: str, text_path: str, env) -> dict:
     }
 
 
-def main(methods: str, text_path: str, out_dir: str) -> None:
-    with distributed_session() as env:
-        configure_logging(env.rank)
-        for method in methods.split(","):
-            facts = probe(method, text_path, env)
-            Path(out_dir, f"{method}_rank{env.rank}.json").write_text(json.dumps(facts))
-            gc.collect()  # this method's model and trainer, freed before the next is built
+def record(methods: list[str], text_path: str, out_dir: Path, env) -> None:
+    for method in methods:
+        facts = probe(method, text_path, env)
+        Path(out_dir, f"{method}_rank{env.rank}.json").write_text(json.dumps(facts))
+        gc.collect()  # this method's model and trainer, freed before the next is built
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    with distributed_session() as env:
+        configure_logging(env.rank)
+        record(sys.argv[1].split(","), sys.argv[2], Path(sys.argv[3]), env)
