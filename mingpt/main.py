@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mingpt.char_dataset import REPO_ROOT, CharDataset, DataConfig, open_corpus, prepare_corpus, split_dataset
 from mingpt.distributed.control import INTERRUPT_EXIT_STATUS, RunStopped, record_clean_stop
-from mingpt.distributed.process_group import DistEnv, barrier, distributed_session
+from mingpt.distributed.process_group import DistEnv, barrier, distributed_session, said_by_local_rank_zero
 from mingpt.model import GPT, GPTConfig, OptimizerConfig
 from mingpt.reporting.errors import MinGPTError, check, command, short_reason
 from mingpt.reporting.logger import configure_logging, log
@@ -131,7 +131,7 @@ def load_config(cfg: DictConfig) -> TrainConfig:
     try:
         return OmegaConf.to_object(cfg)
     except MinGPTError as error:
-        error.said = int(os.environ.get("LOCAL_RANK", 0)) != 0
+        error.said = said_by_local_rank_zero()
         raise
 
 

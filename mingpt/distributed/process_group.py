@@ -4,12 +4,12 @@ Under torchrun (RANK, WORLD_SIZE, ... in the environment) every rank joins throu
 rendezvous. Without it (`python main.py`) the process is a world of one, with an in-memory store,
 so the rest of the code runs the same collectives either way.
 """
+import contextlib
 import gc
 import hashlib
 import ipaddress
 import os
 import socket
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Iterator
@@ -18,7 +18,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from mingpt.reporting.errors import MinGPTError
+from mingpt.reporting.errors import MinGPTError, say_error
 
 DEFAULT_TIMEOUT_S = 1800.0
 """Collectives wait this long for the slowest rank (NCCL's own default is 10 minutes)."""
@@ -167,21 +167,20 @@ def grid_groups(env: DistEnv, rows: int, columns: int) -> tuple[dist.ProcessGrou
     return row, column
 
 
-@contextmanager
+@contextlib.contextmanager
 def distributed_session(timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[DistEnv]:
     """Init the process group, and on the way out wait for every rank then tear it down.
 
     On an error the barrier is skipped (the other ranks may never reach it; torchrun stops them),
-    so a failing rank exits at once instead of hanging. A user's error (MinGPTError) that another
-    rank has already reported is marked said, so that bad input shared by every rank is said once.
+    so a failing rank exits at once instead of hanging. A user's error (MinGPTError) that every rank
+    meets alike is said once (say_once).
     """
     env = init_distributed(timeout_s)
     try:
         yield env
         dist.barrier()
     except MinGPTError as error:
-        error.said = not first_to_say(str(error))  # the command's shell says it, or not (errors.py)
-        error.origin = f"[rank {env.rank}] " if env.rank else ""
+        say_once(error, origin=f"[rank {env.rank}] " if env.rank else "")
         raise
     finally:
         # Free what the session built (FSDP keeps tensors referenced by gloo's pending work) while
@@ -192,23 +191,58 @@ def distributed_session(timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[DistEn
 
 
 SAY_TIMEOUT = timedelta(seconds=10)
-"""How long a rank waits for the store before saying its error anyway."""
+"""How long a silent rank waits for the one saying an error before it exits anyway."""
 
 
-def first_to_say(message: str) -> bool:
-    """Whether this rank is the first of the job to report message. An error every rank hits alike
-    (bad data, a damaged snapshot) is said once, by whichever rank gets here first, and no rank
-    waits for another: the process group's store counts the ranks that reached this point (an atomic
-    add on a key of the message). A rank that cannot reach the store says it: twice beats never."""
+def say_once(error: MinGPTError, origin: str) -> None:
+    """Say a user's error that every rank may meet alike (bad data, a damaged snapshot) once.
+
+    The first rank to reach the process group's store (an atomic add on a key of the message) says
+    it and then marks it said; the others wait for that mark before exiting, since a rank that exits
+    first has torchrun stop the rest, the speaker perhaps before it has spoken. No rank waits on a
+    clock. A rank that cannot reach the store says it itself: twice beats never."""
+    error.origin = origin
     if dist.get_world_size() == 1:
-        return True
-    key = "mingpt/said/" + hashlib.sha256(message.encode()).hexdigest()[:16]
+        return  # the command's shell says it (errors.command)
+    key = "mingpt/said/" + hashlib.sha256(str(error).encode()).hexdigest()[:16]
     try:
         store = dist.distributed_c10d._get_default_store()
         store.set_timeout(SAY_TIMEOUT)
-        return store.add(key, 1) == 1
+        first = store.add(key, 1) == 1
     except Exception:  # the store's host is gone (it failed first): nothing to agree with
-        return True
+        return
+    if first:
+        say_error(error, origin)
+    error.said = True
+    with contextlib.suppress(Exception):  # a speaker that has gone has said it, or never will
+        if first:
+            store.set(f"{key}/said", "1")
+        else:
+            store.wait([f"{key}/said"])
+
+
+def said_by_local_rank_zero() -> bool:
+    """For an error every process of a machine meets before any process group exists (the same
+    command line everywhere): whether this process leaves it to local rank 0 of its torchrun, and has
+    waited for that process to end (exiting first, it would have torchrun stop the speaker before it
+    has spoken). Local rank 0 itself, or a process outside torchrun, says it (False)."""
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        return False
+    speaker = local_rank_zero()
+    if speaker is None:
+        return False
+    psutil.wait_procs([speaker], timeout=SAY_TIMEOUT.total_seconds())
+    return True
+
+
+def local_rank_zero() -> "psutil.Process | None":
+    """The worker of this process's torchrun agent that has LOCAL_RANK=0, if there is one."""
+    with contextlib.suppress(psutil.Error):
+        for sibling in psutil.Process().parent().children():
+            with contextlib.suppress(psutil.Error):
+                if sibling.environ().get("LOCAL_RANK") == "0":
+                    return sibling
+    return None
 
 
 def barrier() -> None:

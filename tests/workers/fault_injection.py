@@ -10,7 +10,8 @@ writer). The kill happens on FAULT_RANK (default 1), in torchrun's first attempt
 restarted workers can finish. Comma-separated lists (FAULT=snapshot_write:40,eval:1 FAULT_RANK=0,1)
 plant one fault per attempt: the first in the first attempt, the second in the restarted one.
 `error:N` raises a user-facing error (say, a snapshot store that refused one rank) after step N
-instead of killing. `slow_write:N` makes every snapshot write from step N on pause SLOW_WRITE_S
+instead of killing. `slow_config:S`: reading the config takes S seconds longer (say, a rank slower
+to start). `slow_write:N` makes every snapshot write from step N on pause SLOW_WRITE_S
 seconds half-way (a save that can be interrupted).
 
 RECORD_SAMPLES: each training batch a rank draws is appended to DIR/samples-rank<R>-<pid>.txt as
@@ -94,6 +95,22 @@ def pause_while_writing(first_step: int) -> None:
     torch.save = save
 
 
+def slow_config(seconds: int) -> None:
+    """Turning the composed config into dataclasses (main.load_config) takes seconds longer."""
+    import time
+
+    from omegaconf import OmegaConf
+
+    original = OmegaConf.to_object
+
+    def to_object(cfg):
+        OmegaConf.to_object = original  # once: it may call itself for the groups inside
+        time.sleep(seconds)
+        return original(cfg)
+
+    OmegaConf.to_object = to_object
+
+
 def plant(fault: str) -> None:
     kind, value = fault.split(":")
     number = int(value)
@@ -105,6 +122,8 @@ def plant(fault: str) -> None:
         die_while_writing(number)
     elif kind == "slow_write":
         pause_while_writing(number)
+    elif kind == "slow_config":
+        slow_config(number)
     elif kind == "error":
         kill_after("train_step", lambda trainer, args: trainer.progress.step + 1 == number, die=fail)
     else:
