@@ -131,9 +131,15 @@ def test_an_upload_stopped_half_way_keeps_the_previous_snapshot(s3, s3_fs, stop)
     # One attempt: botocore would retry a refused connection for about 8 s before giving up.
     ("unreachable endpoint", {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_MAX_ATTEMPTS": "1"}, None),
 ])
-def test_unusable_s3_fails_before_training(text_file, s3, case, env_overrides, path):
+def test_unusable_s3_fails_before_training(text_file, s3, monkeypatch, capsys, case, env_overrides, path):
+    """main.run() in this process under the case's AWS variables (s3fs reads them when it makes a
+    filesystem: none made under other variables may be reused)."""
     url = path or f"s3://{s3.bucket}/refused/snap.pt"
-    result = run_main(tiny_overrides(text_file, url), env=s3.env(**env_overrides))
+    for key, value in s3.env(**env_overrides).items():
+        monkeypatch.setenv(key, value)
+    fsspec.get_filesystem_class("s3").clear_instance_cache()
+    result = run_main_in_process(tiny_overrides(text_file, url), capsys)
+    fsspec.get_filesystem_class("s3").clear_instance_cache()  # made under this case's variables
     line = one_error_line(result)
     assert line.startswith("error: trainer_config.snapshot_path: cannot write to"), case
     assert "Epoch 1 |" not in result.stdout
