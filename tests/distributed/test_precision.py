@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from helpers import MAIN, WORKER_SCRIPTS, assert_ok, run_main, tiny_overrides
+from helpers import MAIN, WORKER_SCRIPTS, assert_ok, run_main, run_main_in_process, tiny_overrides
 from state_equality import assert_same_state
 
 from mingpt.distributed import precision
@@ -95,14 +95,39 @@ needs_native_bf16 = pytest.mark.skipif(
     reason="this CPU has no native bf16 (AVX512-BF16 or AMX): use_amp trains in fp32 here, no bf16 to test")
 
 
-def amp_run(text_file, folder, nproc, script=MAIN, env=None, **extra):
+def amp_overrides(text_file, folder, **extra) -> list[str]:
     """A short use_amp=True run (a quarter of the text: about 40 steps per epoch on 1 rank, 20 on 2),
     snapshotting into folder every 10 steps and at every epoch, keeping them all."""
-    overrides = tiny_overrides(text_file, folder, data_config__truncate=0.25, trainer_config__use_amp=True,
-                               trainer_config__save_every_steps=10, trainer_config__keep_last=20, **extra)
-    result = run_main(overrides, nproc=nproc if nproc > 1 else None, script=script, env=env)
+    return tiny_overrides(text_file, folder, data_config__truncate=0.25, trainer_config__use_amp=True,
+                          trainer_config__save_every_steps=10, trainer_config__keep_last=20, **extra)
+
+
+def amp_run(text_file, folder, nproc, script=MAIN, env=None, **extra):
+    result = run_main(amp_overrides(text_file, folder, **extra), nproc=nproc if nproc > 1 else None,
+                      script=script, env=env)
     assert_ok(result)
     return result
+
+
+@pytest.fixture
+def fp16_run(text_file, monkeypatch, capsys, one_torch_thread):
+    """fp16 runs with a GradScaler whose loss scale doubles every 3 clean steps: on 1 rank in this
+    process (tests/workers/amp_probe.py's forcing, applied here), on 2 through that script."""
+    from mingpt import trainer
+    from workers import amp_probe
+
+    monkeypatch.setenv("SCALER_GROWTH_INTERVAL", "3")
+    monkeypatch.setattr(trainer, "resolve_precision", amp_probe.fp16_with_a_scaler)
+    monkeypatch.setattr(torch.amp, "GradScaler", amp_probe.FastGrowingScaler)
+
+    def run(folder, nproc, **extra):
+        if nproc == 1:
+            result = run_main_in_process(amp_overrides(text_file, folder, **extra), capsys)
+            assert_ok(result)
+            return result
+        return amp_run(text_file, folder, nproc, script=AMP_PROBE, env={"SCALER_GROWTH_INTERVAL": "3"},
+                       **extra)
+    return run
 
 
 def world_line(result) -> str:
@@ -135,14 +160,13 @@ def test_bf16_autocast_trains_end_to_end(text_file, tmp_path, nproc):
 
 
 @pytest.mark.parametrize("nproc, resume_at", [(1, "epoch"), (2, "step")])
-def test_fp16_with_a_grad_scaler_trains_and_resumes_bitwise(text_file, tmp_path, nproc, resume_at):
+def test_fp16_with_a_grad_scaler_trains_and_resumes_bitwise(fp16_run, tmp_path, nproc, resume_at):
     """Two epochs unbroken, and again from one of its snapshots: every snapshot the resumed run
     writes equals the unbroken run's, weights, AdamW state and scaler state alike. The loss scale
     grows every 3 clean steps here, so it has grown and backed off after overflows (skipped steps)
     by the snapshot: a resumed run that started from a fresh scaler would skip other steps."""
-    env = {"SCALER_GROWTH_INTERVAL": "3"}
     unbroken = tmp_path / "unbroken"
-    result = amp_run(text_file, unbroken, nproc, script=AMP_PROBE, env=env, trainer_config__max_epochs=2)
+    result = fp16_run(unbroken, nproc, trainer_config__max_epochs=2)
     assert "; fp16 mixed precision + GradScaler;" in world_line(result)
     losses = step_losses(unbroken)
     assert losses[-1] < losses[0] - 0.5, "fp16 did not train"
@@ -153,8 +177,7 @@ def test_fp16_with_a_grad_scaler_trains_and_resumes_bitwise(text_file, tmp_path,
 
     (tmp_path / "resumed").mkdir()
     shutil.copy(unbroken / resume_from, tmp_path / "resumed" / resume_from)
-    result = amp_run(text_file, tmp_path / "resumed", nproc, script=AMP_PROBE, env=env,
-                     trainer_config__max_epochs=2)
+    result = fp16_run(tmp_path / "resumed", nproc, trainer_config__max_epochs=2)
     where = ("" if resume_at == "epoch"
              else f" (step {saved['step']}, sample {saved['epoch_samples']} of epoch 1)")
     assert f"Resuming training from snapshot at Epoch {saved['finished_epoch']}{where}\n" in result.stdout
