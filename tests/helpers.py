@@ -178,11 +178,11 @@ def serving(body: bytes) -> Iterator[tuple[str, list]]:
         server.shutdown()
 
 
-def run_with_restarts(text_file, snapshot, fault=None, fault_rank=1, method="ddp", **extra):
-    """Two epochs on 2 ranks under torchrun --max-restarts, a step snapshot every 10 steps, with a
+def run_with_restarts(text_file, snapshot, fault=None, fault_rank=1, method="ddp", epochs=2, **extra):
+    """Epochs on 2 ranks under torchrun --max-restarts, a step snapshot every 10 steps, with a
     fault planted by tests/workers/fault_injection.py (FAULT=...); extra: more overrides, as
     tiny_overrides'."""
-    overrides = tiny_overrides(text_file, snapshot, trainer_config__max_epochs=2,
+    overrides = tiny_overrides(text_file, snapshot, trainer_config__max_epochs=epochs,
                                trainer_config__save_every_steps=10, trainer_config__distributed_method=method,
                                **extra)
     env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # reliable elastic restarts (notes)
