@@ -101,7 +101,8 @@ def test_an_interrupted_save_is_never_resumed_from(sharded_run, saved, text_file
     assert_restored(full_state(tmp_path / "full_state", "restored"), saved)
 
 
-def test_converts_to_a_single_file_of_the_saved_values_that_resumes(sharded_run, saved, text_file, tmp_path):
+def test_converts_to_a_single_file_of_the_saved_values_that_resumes(sharded_run, saved, text_file, tmp_path,
+                                                                     capsys, one_torch_thread):
     single = tmp_path / "converted.pt"
     newest = sharded_run / "sharded_000000085"
     converted = subprocess.run([sys.executable, MINGPT / "convert_snapshot.py", newest, single],
@@ -110,10 +111,12 @@ def test_converts_to_a_single_file_of_the_saved_values_that_resumes(sharded_run,
     snapshot = read_snapshot(str(single))
     assert snapshot.finished_epoch == 1
     assert_restored({"model": snapshot.model_state, "optimizer": snapshot.optimizer_state}, saved)
-    result = run_main(tiny_overrides(text_file, single, trainer_config__distributed_method="ddp",
-                                     trainer_config__max_epochs=2), nproc=2)
+    # Resumed by one process here, in this one, for a step (the world size is the resume's own choice)
+    result = run_main_in_process(tiny_overrides(text_file, single, trainer_config__max_steps=SAVED_STEP + 1),
+                                 capsys)
     assert_ok(result)
     assert "Resuming training from snapshot at Epoch 1" in result.stdout
+    assert read_snapshot(str(single)).step == SAVED_STEP + 1
 
 
 
