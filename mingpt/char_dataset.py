@@ -54,7 +54,7 @@ class DataConfig:
     bpe_vocab_size: int = 4096
     """tokenizer=bpe: at most this many tokens, the 256 byte tokens included (a small text may
     give fewer merges)."""
-    bpe_sample_mb: float = 16.0
+    bpe_sample_mb: float = 8.0
     """tokenizer=bpe: train it on this many MB of the text, in 64 windows spread evenly over it
     (all of it if smaller): a few MB settle a few thousand merges, and training reads about 2 MB/s."""
 

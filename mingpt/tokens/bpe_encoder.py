@@ -9,7 +9,7 @@ tokenizer.train_bpe makes):
 - the words of a chunk are found with numpy over its UTF-8 bytes (word_bounds, GPT-2's pattern
   exactly: the tests hold it against tokenizers on text made to break it);
 - each distinct word is encoded once, by tokenizers itself (so the tokenizer's merges and options
-  decide its ids), and kept in a table keyed by two 64-bit hashes of its bytes (WordTable);
+  decide its ids), and kept in a table keyed by a hash of its bytes (word_keys, WordTable);
 - a chunk's ids are then gathered from the table, and chunks are encoded in two threads (numpy
   releases the GIL for its loops).
 Other byte-level BPEs (another split pattern, a normalizer) are encoded by tokenizers whole, in
@@ -34,10 +34,10 @@ from typing import Iterable, Iterator, Optional
 import numpy as np
 from tokenizers import Tokenizer
 
-UNKNOWN, LETTER, NUMBER, OTHER, WHITE, SPACE = 0, 1, 2, 3, 4, 5
-"""Kinds of character. WHITE: whitespace other than " "; a kind >= WHITE is whitespace. UNKNOWN: a
-code point Python's Unicode tables leave unassigned, which tokenizers' newer ones may make a letter:
-a piece holding one is left to tokenizers."""
+UNKNOWN, LETTER, NUMBER, OTHER, WHITE, SPACE = 0, 2, 4, 6, 8, 9
+"""Kinds of character. WHITE: whitespace other than " "; a kind >= WHITE is whitespace, and
+kind >> 1 is the same for both. UNKNOWN: a code point Python's Unicode tables leave unassigned,
+which tokenizers' newer ones may make a letter: a piece holding one is left to tokenizers."""
 WHITE_SPACE = frozenset([*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B),
                          0x2028, 0x2029, 0x202F, 0x205F, 0x3000])
 """Unicode's White_Space property: the pattern's \\s (Python's str.isspace adds 0x1C-0x1F)."""
@@ -127,7 +127,7 @@ def word_bounds(data: np.ndarray) -> Optional[np.ndarray]:
     n = len(data)
     start = np.empty(n + 1, bool)
     start[0] = start[n] = True
-    merged = np.minimum(kinds, WHITE)  # one kind for all whitespace
+    merged = kinds >> 1  # one kind for all whitespace
     np.not_equal(merged[1:], merged[:-1], out=start[1:n])
     white = kinds >= WHITE
     last = np.flatnonzero(white[:-1] > white[1:])  # the last byte of a run before a non-whitespace
@@ -163,52 +163,40 @@ def split_contractions(data: np.ndarray, kinds: np.ndarray, apostrophes: np.ndar
 
 # ------------------------------------------------------------------------------------- the table
 
-MULTIPLIER = 0x9E3779B97F4A7C15
+MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(29))
 LENGTH_MASKS = np.array([(1 << 8 * n) - 1 for n in range(8)] + [(1 << 64) - 1], np.uint64)
-
-
-class Powers:
-    """MULTIPLIER**1, **2, ... and its inverse's **0, **1, ... (mod 2**64), as many as asked."""
-
-    def __init__(self):
-        self.up = self.down = np.zeros(0, np.uint64)
-        self.lock = threading.Lock()
-
-    def upto(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        up, down = self.up, self.down
-        if len(up) < n:
-            with self.lock:
-                size = max(n, 2 * len(self.up))
-                inverse = pow(MULTIPLIER, -1, 1 << 64)
-                self.up = np.cumprod(np.full(size, MULTIPLIER, np.uint64), dtype=np.uint64)
-                self.down = np.cumprod(np.r_[np.uint64(1), np.full(size, inverse, np.uint64)], dtype=np.uint64)
-                up, down = self.up, self.down
-        return up, down
-
-
-POWERS = Powers()
+"""The bytes of a word of n bytes (n < 8; all 8 beyond) among the 8 read from its start."""
 
 
 def word_keys(data: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each word's key and check. The key: sum of (byte + 1) * MULTIPLIER**(i + 1) over the word's
-    bytes i, mod 2**64 (numpy's unsigned arithmetic wraps), from prefix sums. The check: its first
-    8 bytes and its length, which tell apart any two words of up to 7 bytes; a longer word would
-    need the same key, length and first 8 bytes as another to be taken for it."""
+    """Each word's key and check, from its bytes read 8 at a time (a view of data at every byte).
+    The check: its first 8 bytes and its length, which tell apart any two words of up to 7 bytes
+    (most words). The key: a 64-bit hash of the check and of each further 8 bytes in turn (xor,
+    then a bijective mix), so a longer word is taken for another only if both have the same length
+    and first 8 bytes and their hashes meet by chance."""
     n = len(data)
-    up, down = POWERS.upto(n)
-    prefix = np.empty(n + 1, np.uint64)
-    prefix[0] = 0
-    np.multiply(data, up[:n], out=prefix[1:])
-    prefix[1:] += up[:n]  # the + 1 of each byte
-    np.cumsum(prefix, out=prefix)
-    firsts, ends = bounds[:-1], bounds[1:]
-    keys = (prefix[ends] - prefix[firsts]) * down[firsts]
     padded = np.zeros(n + 8, np.uint8)
     padded[:n] = data
-    eight = np.ndarray((n,), np.dtype("<u8"), buffer=padded.data, strides=(1,))  # 8 bytes from each position
-    lengths = (ends - firsts).astype(np.uint64)
-    checks = (eight[firsts] & LENGTH_MASKS[np.minimum(lengths, 8)]) + (lengths << np.uint64(56))
+    eight = np.ndarray((n,), np.dtype("<u8"), buffer=padded.data, strides=(1,))  # 8 bytes from each byte
+    firsts, lengths = bounds[:-1], np.diff(bounds).astype(np.uint64)
+    checks = eight[firsts] & LENGTH_MASKS[np.minimum(lengths, 8)]
+    checks += lengths << np.uint64(56)  # the top byte of a word of up to 7 bytes is free
+    keys = mix(checks ^ lengths)
+    longer, offset = np.flatnonzero(lengths > 8), 8
+    while len(longer):  # a round per 8 bytes, over the words that long
+        rest = lengths[longer] - np.uint64(offset)
+        keys[longer] = mix(keys[longer] ^ (eight[firsts[longer] + offset] & LENGTH_MASKS[np.minimum(rest, 8)]))
+        longer, offset = longer[rest > 8], offset + 8
     return keys, checks
+
+
+def mix(x: np.ndarray) -> np.ndarray:
+    """A bijection of 64-bit values whose top bits depend on all bits (multiply, xorshift,
+    multiply): the table's slots are the keys' top bits."""
+    x = x * MIX[1]
+    x ^= x >> MIX[2]
+    x *= MIX[0]
+    return x
 
 
 class WordTable:
@@ -249,7 +237,7 @@ class WordTable:
         mask = (1 << self.bits) - 1
         slots = (keys >> np.uint64(64 - self.bits)).astype(np.intp)
         words = self.words[slots]
-        hit = (self.keys[slots] == keys) & (words >= 0)
+        hit = self.keys[slots] == keys  # an empty slot's key is 0: a key 0 there is found as -1, absent
         if hit.all():  # most keys sit in their first slot
             return words, slots
         found = np.where(hit, words, -1)

@@ -47,7 +47,7 @@ class TokenizerChoice:
     name: str = CHAR
     vocab_size: int = 4096
     """BPE: at most this many tokens (the text may give fewer merges)."""
-    sample_bytes: int = 16 << 20
+    sample_bytes: int = 8_000_000
     """BPE: train on this many bytes of the text."""
 
     @property
