@@ -19,7 +19,13 @@ from torch.utils.data import Dataset
 from mingpt.reporting.errors import DataError, check, check_choice, check_positive
 from mingpt.tokens.permutation import Permutation
 from mingpt.tokens.token_file import TokenFile, encode_text, open_token_file, prepare, token_file_for
-from mingpt.tokens.tokenizer import BYTE_ALPHABET, MAX_VOCAB, TokenizerChoice, Vocabulary
+from mingpt.tokens.tokenizer import (
+    DEFAULT_SAMPLE_MB,
+    DEFAULT_VOCAB_SIZE,
+    TokenizerChoice,
+    Vocabulary,
+    check_settings,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CORPUS = REPO_ROOT / "data" / "input.txt"
@@ -51,20 +57,16 @@ class DataConfig:
     on this text, kept with its token file. Or the path (local or fsspec URL) of a byte-level BPE's
     tokenizer.json (GPT-2's, or any in the Hugging Face tokenizers format): nothing is downloaded.
     With gpt_config.init_from, the model folder's tokenizer.json is used (leave this at char)."""
-    bpe_vocab_size: int = 4096
+    bpe_vocab_size: int = DEFAULT_VOCAB_SIZE
     """tokenizer=bpe: at most this many tokens, the 256 byte tokens included (a small text may
     give fewer merges)."""
-    bpe_sample_mb: float = 8.0
+    bpe_sample_mb: float = DEFAULT_SAMPLE_MB
     """tokenizer=bpe: train it on this many MB of the text, in 64 windows spread evenly over it
     (all of it if smaller): a few MB settle a few thousand merges, and training reads about 2 MB/s."""
 
     def __post_init__(self) -> None:
-        check_positive(self, "data_config", "block_size", "bpe_sample_mb")
-        check(bool(self.tokenizer), "data_config.tokenizer",
-              "must not be empty; give char, bpe or the path of a tokenizer.json")
-        check(BYTE_ALPHABET < self.bpe_vocab_size <= MAX_VOCAB, "data_config.bpe_vocab_size",
-              f"must be more than the {BYTE_ALPHABET} byte tokens and at most {MAX_VOCAB:,} (uint32 ids), "
-              f"got {self.bpe_vocab_size}")
+        check_positive(self, "data_config", "block_size")
+        check_settings(self.tokenizer, self.bpe_vocab_size, self.bpe_sample_mb)
         check(0.0 < self.train_split < 1.0, "data_config.train_split",
               f"must be between 0 and 1 (exclusive), got {self.train_split}")
         check(0.0 < self.truncate <= 1.0, "data_config.truncate",
@@ -73,7 +75,7 @@ class DataConfig:
 
     @property
     def tokenizer_choice(self) -> TokenizerChoice:
-        return TokenizerChoice(self.tokenizer, self.bpe_vocab_size, int(self.bpe_sample_mb * 1e6))
+        return TokenizerChoice.of(self.tokenizer, self.bpe_vocab_size, self.bpe_sample_mb)
 
 
 class CharDataset(Dataset):

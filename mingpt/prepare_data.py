@@ -13,8 +13,8 @@ from typing import Optional
 
 from mingpt.reporting.errors import OneLineArgumentParser, command
 from mingpt.storage.files import CACHE_DIR_ENV
-from mingpt.char_dataset import DataConfig
 from mingpt.tokens.token_file import fingerprint, open_token_file, prepare
+from mingpt.tokens.tokenizer import CHAR, DEFAULT_SAMPLE_MB, DEFAULT_VOCAB_SIZE, TokenizerChoice
 
 
 def summary(path: Path) -> str:
@@ -29,19 +29,17 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--cache-dir", default=None,
                         help=f"folder for token files of remote sources (default: ${CACHE_DIR_ENV} "
                              "or ~/.cache/mingpt-ddp)")
-    defaults = DataConfig()
-    parser.add_argument("--tokenizer", default=defaults.tokenizer,
+    parser.add_argument("--tokenizer", default=CHAR,
                         help="char, bpe (trained on the text), or a byte-level BPE's tokenizer.json "
                              "(data_config.tokenizer; default char)")
-    parser.add_argument("--bpe-vocab-size", type=int, default=defaults.bpe_vocab_size,
-                        help=f"data_config.bpe_vocab_size (default {defaults.bpe_vocab_size})")
-    parser.add_argument("--bpe-sample-mb", type=float, default=defaults.bpe_sample_mb,
-                        help=f"data_config.bpe_sample_mb (default {defaults.bpe_sample_mb:g})")
+    parser.add_argument("--bpe-vocab-size", type=int, default=DEFAULT_VOCAB_SIZE,
+                        help=f"data_config.bpe_vocab_size (default {DEFAULT_VOCAB_SIZE})")
+    parser.add_argument("--bpe-sample-mb", type=float, default=DEFAULT_SAMPLE_MB,
+                        help=f"data_config.bpe_sample_mb (default {DEFAULT_SAMPLE_MB:g})")
     args = parser.parse_args(argv)
-    config = DataConfig(path=args.path, cache_dir=args.cache_dir, tokenizer=args.tokenizer,
-                        bpe_vocab_size=args.bpe_vocab_size, bpe_sample_mb=args.bpe_sample_mb)
+    choice = TokenizerChoice.of(args.tokenizer, args.bpe_vocab_size, args.bpe_sample_mb)
     start = time.perf_counter()
-    path, built = prepare(args.path, args.cache_dir, config.tokenizer_choice)
+    path, built = prepare(args.path, args.cache_dir, choice)
     seconds = time.perf_counter() - start
     if built:
         size = fingerprint(args.path).get("size") or 0

@@ -47,6 +47,12 @@ GPT2_PRE_TOKENIZER = {"type": "ByteLevel", "add_prefix_space": False, "use_regex
 PIECE_BYTES = 1 << 20
 """Bytes encoded at a time: the arrays of a piece stay in the CPU's caches."""
 THREADS = 2
+"""Pieces encoded at once. tokenizers' own thread pool (encode_batch_fast, the BPE's training) does
+not survive a fork, and tokenizers 0.23 copes: a DataLoader worker forked after a preparation
+neither warns nor hangs (checked), so TOKENIZERS_PARALLELISM is left as the user set it."""
+MAX_WORDS = 1 << 19
+"""The most distinct words the table keeps; past them it starts over (its memory stays bounded,
+some 70 MB, and the frequent words are back at once)."""
 LINE_PIECE_BYTES = 1 << 16
 """Slow path: tokenizers encodes a batch of pieces of about this size in parallel."""
 LONGEST_LINE = 16 << 20
@@ -257,6 +263,9 @@ class WordTable:
         """Encode the distinct new words (tokenizers, in parallel) and add them."""
         _, first = np.unique(keys[new], return_index=True)
         first = new[first]
+        if len(self.lengths) + len(first) > MAX_WORDS:
+            self._allocate(16)
+            self.offsets = self.lengths = self.ids = np.zeros(0, np.int64)
         words = [text[a:b].decode("utf-8") for a, b in zip(bounds[first].tolist(), bounds[first + 1].tolist())]
         encoded = [e.ids for e in self.tokenizer.encode_batch_fast(words, add_special_tokens=False)]
         lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))

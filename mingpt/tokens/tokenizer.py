@@ -23,10 +23,12 @@ from typing import Iterator, Optional
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from mingpt.reporting.errors import DataError, short_reason
+from mingpt.reporting.errors import DataError, check, short_reason
 from mingpt.storage import files
 
 CHAR, BPE = "char", "bpe"
+DEFAULT_VOCAB_SIZE = 4096
+DEFAULT_SAMPLE_MB = 8.0
 BYTE_ALPHABET = 256
 """A byte-level BPE starts from one token per byte."""
 MAX_VOCAB = 2**32
@@ -40,15 +42,28 @@ SAMPLE_WINDOWS = 64
 TOKENIZER_KEY = "data_config.tokenizer"
 
 
+def check_settings(tokenizer: str, vocab_size: int, sample_mb: float) -> None:
+    """data_config's tokenizer keys (DataConfig's, and prepare_data.py's options) in range."""
+    check(bool(tokenizer), "data_config.tokenizer", "must not be empty; give char, bpe or the path of a tokenizer.json")
+    check(BYTE_ALPHABET < vocab_size <= MAX_VOCAB, "data_config.bpe_vocab_size",
+          f"must be more than the {BYTE_ALPHABET} byte tokens and at most {MAX_VOCAB:,} (uint32 ids), got {vocab_size}")
+    check(sample_mb > 0, "data_config.bpe_sample_mb", f"must be positive, got {sample_mb}")
+
+
 @dataclass(frozen=True)
 class TokenizerChoice:
     """What data_config asks for: CHAR, BPE (trained on the text), or a tokenizer.json's path."""
 
     name: str = CHAR
-    vocab_size: int = 4096
+    vocab_size: int = DEFAULT_VOCAB_SIZE
     """BPE: at most this many tokens (the text may give fewer merges)."""
-    sample_bytes: int = 8_000_000
+    sample_bytes: int = int(DEFAULT_SAMPLE_MB * 1e6)
     """BPE: train on this many bytes of the text."""
+
+    @classmethod
+    def of(cls, tokenizer: str, vocab_size: int, sample_mb: float) -> "TokenizerChoice":
+        check_settings(tokenizer, vocab_size, sample_mb)
+        return cls(tokenizer, vocab_size, int(sample_mb * 1e6))
 
     @property
     def is_char(self) -> bool:

@@ -59,9 +59,10 @@ def test_every_assigned_code_point_is_of_the_kind_tokenizers_gives_it(gpt2_style
 
 def test_a_text_in_chunks_encodes_as_the_whole(gpt2_style, monkeypatch):
     """Chunks cut anywhere (inside characters' bytes too), pieces cut where words end, encoded in
-    two threads, come out in order."""
+    two threads, come out in order; a word table that fills up starts over."""
     tokenizer, config = gpt2_style
     monkeypatch.setattr(bpe_encoder, "PIECE_BYTES", 3000)
+    monkeypatch.setattr(bpe_encoder, "MAX_WORDS", 300)
     text = tricky_text(random.Random(3), 20000)
     chunks = [text[i:i + 777] for i in range(0, len(text), 777)]
     pieces = list(encode_pieces(tokenizer, config, chunks))
