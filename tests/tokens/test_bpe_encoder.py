@@ -35,6 +35,17 @@ def theirs(tokenizer: Tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False).ids
 
 
+GPT2_WORDS = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+def words(text: str) -> tuple[list[str], list[str]]:
+    """The words word_bounds finds in text, and those GPT-2's pre-tokenizer finds (tokenizers)."""
+    data = np.frombuffer(text.encode(), np.uint8)
+    bounds = bpe_encoder.word_bounds(data).tolist()
+    ours = [bytes(data[a:b]).decode() for a, b in zip(bounds[:-1], bounds[1:])]
+    return ours, [text[a:b] for _, (a, b) in GPT2_WORDS.pre_tokenize_str(text)]
+
+
 def test_words_and_ids_are_gpt2_patterns_on_text_made_to_break_it(gpt2_style):
     tokenizer, config = gpt2_style
     rng = random.Random(1)
@@ -42,19 +53,23 @@ def test_words_and_ids_are_gpt2_patterns_on_text_made_to_break_it(gpt2_style):
     assert encoder.fast
     for _ in range(200):
         text = tricky_text(rng, rng.randint(1, 200))
+        ours, expected = words(text)
+        assert ours == expected, repr(text)
         assert encoder.encode_words(text.encode()).tolist() == theirs(tokenizer, text), repr(text)
 
 
 def test_every_assigned_code_point_is_of_the_kind_tokenizers_gives_it(gpt2_style):
-    """A sample of all of Unicode between letters, numbers and contractions; a code point Python's
-    tables leave unassigned is left to tokenizers (whose tables may be newer)."""
+    """A sample of all of Unicode beside letters, numbers, punctuation and contractions; a code
+    point Python's tables leave unassigned is left to tokenizers (whose tables may be newer)."""
     tokenizer, config = gpt2_style
     rng = random.Random(2)
     code_points = [c for c in range(0x80, 0x110000, 97) if not 0xD800 <= c < 0xE000]
-    text = "".join(rng.choice(["", " ", "a", "1", "'s", "\n", "."]) + chr(c) for c in code_points)
-    ids = np.concatenate([Encoder(tokenizer, config).encode(piece.encode())
-                          for piece in text.split("\n")]).tolist()
-    assert ids == [i for piece in text.split("\n") for i in theirs(tokenizer, piece)]
+    assigned = [c for c in code_points if bpe_encoder.char_kind(c) != bpe_encoder.UNKNOWN]
+    text = "".join(rng.choice(["", " ", "a", "1", "'s", "\n", "."]) + chr(c) for c in assigned)
+    ours, expected = words(text)
+    assert ours == expected
+    unassigned = "a1 " + chr(next(c for c in code_points if c not in assigned)) + " b"
+    assert Encoder(tokenizer, config).encode(unassigned.encode()).tolist() == theirs(tokenizer, unassigned)
 
 
 def test_a_text_in_chunks_encodes_as_the_whole(gpt2_style, monkeypatch):
