@@ -95,7 +95,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--loader-batches", type=int, default=200, help="batches timed per loader measurement")
     p.add_argument("--loader-batch-size", type=int, default=216, help="the default config's batch")
     p.add_argument("--block-size", type=int, default=128)
-    p.add_argument("--bpe-vocab-size", type=int, default=8192, help="the BPE's vocabulary (prepare_data.py's)")
+    p.add_argument("--bpe-vocab-size", type=int, default=8192,
+                   help="the BPE's vocabulary (prepare_data.py's)")
     p.add_argument("--poll-s", type=float, default=0.5, help="seconds between memory samples")
     p.add_argument("--memory-cap-gb", type=float, default=4.0,
                    help="RLIMIT_DATA of every child process (0: none)")
@@ -306,12 +307,13 @@ def measure_prepare_bpe(text: Path, args) -> dict:
     """prepare_data.py --tokenizer bpe from scratch (its token file removed first)."""
     choice = TokenizerChoice("bpe", args.bpe_vocab_size)
     token_file_for(str(text), choice=choice).unlink(missing_ok=True)
-    run = run_child([sys.executable, PREPARE, text, "--tokenizer", "bpe", "--bpe-vocab-size", args.bpe_vocab_size],
-                    REPO, args)
+    command = [sys.executable, PREPARE, text, "--tokenizer", "bpe", "--bpe-vocab-size", args.bpe_vocab_size]
+    run = run_child(command, REPO, args)
     said = " ".join(line for _, line in run.lines)
     tool_rate = re.search(r"([\d.]+) MB/s", said)
     result = {"seconds": run.seconds, "mb_per_s": text.stat().st_size / MB / run.seconds,
-              "peak_rss_mb": run.peak_rss_mb, "tool_mb_per_s": float(tool_rate.group(1)) if tool_rate else None,
+              "peak_rss_mb": run.peak_rss_mb,
+              "tool_mb_per_s": float(tool_rate.group(1)) if tool_rate else None,
               "output": said, "error": run.error()}
     if result["error"] is None:
         tokens = open_token_file(token_file_for(str(text), choice=choice))
@@ -508,7 +510,8 @@ def verdicts(report: dict) -> dict[str, Optional[bool]]:
         "prepare_peak_mb": cold["peak_rss_mb"] < TARGETS["prepare_peak_mb"] if cold["peak_rss_mb"] else None,
         "bpe_prepare_mb_per_s": (bpe["mb_per_s"] >= TARGETS["bpe_prepare_mb_per_s"]
                                  if bpe["error"] is None else None),
-        "bpe_prepare_peak_mb": bpe["peak_rss_mb"] < TARGETS["bpe_prepare_peak_mb"] if bpe["peak_rss_mb"] else None,
+        "bpe_prepare_peak_mb": (bpe["peak_rss_mb"] < TARGETS["bpe_prepare_peak_mb"]
+                                if bpe["peak_rss_mb"] else None),
         "startup_s": startup < TARGETS["startup_s"] if startup is not None else False,
         "extra_private_mb_per_rank": (all(v <= TARGETS["extra_private_mb_per_rank"] for v in extra)
                                       if all(v is not None for v in extra) else False),

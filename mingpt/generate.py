@@ -7,8 +7,8 @@
 
 The snapshot alone rebuilds the model (its model_config) and decodes its output (its vocabulary, or
 a BPE model's tokenizer), so no training config or data is needed. A BPE model takes any prompt and
-writes --length tokens, decoded whole by its tokenizer. The same snapshot, prompt, settings, seed and device give
-the same text. --temperature 0 is greedy decoding (always the most likely character).
+writes --length tokens, decoded whole by its tokenizer. The same snapshot, prompt, settings, seed
+and device give the same text. --temperature 0 is greedy decoding (always the most likely character).
 Mistakes (a missing snapshot, a prompt character the model never saw, a bad option) are reported
 as one line on stderr, with exit status 1.
 

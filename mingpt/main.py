@@ -113,7 +113,8 @@ def startup_summary(config: TrainConfig, dataset: CharDataset, train_set, test_s
     evaluation = (f"every {tc.eval_every_steps} steps" if tc.eval_every_steps else "every epoch") + (
         f" on {tc.eval_batches} batch(es) per process" if tc.eval_batches else "")
     *model_to_batch, snapshots = trainer.summary()
-    data_line = (f"Data: {data.path}, {dataset.num_chars:,} {dataset.unit}, vocabulary of {dataset.vocab_size}; "
+    data_line = (f"Data: {data.path}, {dataset.num_chars:,} {dataset.unit}, "
+                 f"vocabulary of {dataset.vocab_size}; "
                  f"{len(train_set):,} train and {len(test_set):,} test samples ({data.split} split); "
                  f"evaluation {evaluation}")
     return [*model_to_batch, data_line, snapshots]

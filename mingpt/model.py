@@ -263,12 +263,12 @@ class GPT(nn.Module):
     def initial_value(self, name: str, rows: slice = slice(None)) -> torch.Tensor:
         """The initial value of parameter `name` (of its rows: a rank's shard), on the CPU.
 
-        From the weights given, if any; otherwise GPT-2's scheme: N(0, 0.02) for Linear and Embedding weights, except the projections that
-        feed the residual stream (attn.proj, mlp.proj: one pair per block), N(0, 0.02 / sqrt(2
-        n_layer)); zero biases; LayerNorm weights 1. Each weight is drawn from a generator of its
-        own, seeded by (seed, name), so its value depends on neither the device, the distributed
-        method, the world size nor the order in which parameters are made: each one can be made
-        alone, when it is needed.
+        From the weights given, if any; otherwise GPT-2's scheme: N(0, 0.02) for Linear and
+        Embedding weights, except the projections that feed the residual stream (attn.proj,
+        mlp.proj: one pair per block), N(0, 0.02 / sqrt(2 n_layer)); zero biases; LayerNorm
+        weights 1. Each weight is drawn from a generator of its own, seeded by (seed, name), so its
+        value depends on neither the device, the distributed method, the world size nor the order
+        in which parameters are made: each one can be made alone, when it is needed.
         """
         param = self.get_parameter(name)  # its shape and dtype (the full ones, even if sharded)
         if self.weights is not None:

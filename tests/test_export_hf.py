@@ -94,7 +94,8 @@ RUNS = {  # the snapshot of a 3-step run of each kind (the characters' single fi
 
 
 @pytest.mark.parametrize("kind", RUNS)
-def test_bpe_and_sharded_snapshots_export_with_their_tokenizer_and_activation(text_file, tmp_path, capsys, kind):
+def test_bpe_and_sharded_snapshots_export_with_their_tokenizer_and_activation(text_file, tmp_path, capsys,
+                                                                               kind):
     settings = dict(RUNS[kind], trainer_config__max_steps=3)
     if "gpt-2" in kind:
         settings["gpt_config__init_from"] = make_gpt2_folder(tmp_path / "gpt2", make_text(20000))

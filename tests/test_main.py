@@ -329,7 +329,7 @@ def test_a_bpe_run_resumes_bit_for_bit_and_its_snapshot_speaks(text_file, tmp_pa
     assert written.startswith("The king") and len(written) > len("The king") + 10
 
     before = sha256(last[1])
-    as_characters = run_main_in_process(tiny_overrides(text_file, tmp_path / "b", trainer_config__max_steps=9),
-                                        capsys)
+    characters = tiny_overrides(text_file, tmp_path / "b", trainer_config__max_steps=9)
+    as_characters = run_main_in_process(characters, capsys)
     assert "is of another model: vocab_size=300 (config: 37)" in one_error_line(as_characters)
     assert sha256(last[1]) == before

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 import torch
 from safetensors import safe_open
+from tokenizers import Tokenizer
 
 from mingpt.model import DEFAULT_SIZES, GPT, PRESETS, GPTConfig
 from mingpt.reporting.errors import ConfigError, check
@@ -88,7 +89,8 @@ class GPT2Folder:
         if config.model_type is not None:
             preset = dict(zip(DEFAULT_SIZES, PRESETS[config.model_type]))
             check(preset == self.sizes, "gpt_config.model_type",
-                  f"{config.model_type} is {describe(preset)}, but {KEY}={self.path} is {describe(self.sizes)}; "
+                  f"{config.model_type} is {describe(preset)}, but {KEY}={self.path} is "
+                  f"{describe(self.sizes)}; "
                   "drop gpt_config.model_type (the folder gives the shape)")
         for key, value in self.sizes.items():
             given = getattr(config, key)
@@ -173,12 +175,10 @@ def read_config(path: Path) -> dict:
     return config
 
 
-def read_tokenizer(path: Path):
+def read_tokenizer(path: Path) -> Tokenizer:
     if not (path / TOKENIZER).exists():
-        raise refused(path, "has no tokenizer.json (a partial download?)", "save the model's tokenizer with it "
-                      "(tokenizer.save_pretrained(folder))")
-    from tokenizers import Tokenizer
-
+        raise refused(path, "has no tokenizer.json (a partial download?)",
+                      "save the model's tokenizer with it (tokenizer.save_pretrained(folder))")
     return Tokenizer.from_str(read_tokenizer_file(str(path / TOKENIZER), key=KEY).json)
 
 
@@ -202,7 +202,8 @@ def weight_locations(path: Path) -> dict[str, tuple[str, str]]:
             with safe_open(str(path / shard), framework="pt") as f:
                 keys = list(f.keys())
         except Exception as e:  # missing, truncated or not safetensors
-            raise refused(path, f"has an unreadable {shard} ({e.__class__.__name__}; a partial download?)") from None
+            problem = f"has an unreadable {shard} ({e.__class__.__name__}; a partial download?)"
+            raise refused(path, problem) from None
         for key in keys:
             gpt2_name = key if key.startswith(("transformer.", "lm_head.")) else f"transformer.{key}"
             locations[gpt2_name] = (str(path / shard), key)

@@ -2,9 +2,9 @@
 
 Every rank writes its own shard of the model and optimizer state with torch.distributed.checkpoint
 (DCP) into a folder per save, `<snapshot_path>/sharded_<step>/`, local or any fsspec URL. Global
-rank 0 writes `info.pt` (progress, RNG states, vocabulary and tokenizer, model config) last: a folder without it
-is an interrupted save and is ignored. The newest `keep_last` folders are kept. DCP reshards on
-load, so a sharded snapshot resumes at any world size and with either method.
+rank 0 writes `info.pt` (progress, RNG states, vocabulary and tokenizer, model config) last: a
+folder without it is an interrupted save and is ignored. The newest `keep_last` folders are kept.
+DCP reshards on load, so a sharded snapshot resumes at any world size and with either method.
 
 Loading stays tensors-only: DCP's `.metadata` is a pickle, so it is read with an unpickler that
 accepts only DCP's own metadata classes and refuses any entry that is not a tensor.

@@ -191,7 +191,8 @@ def word_keys(data: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndar
     longer, offset = np.flatnonzero(lengths > 8), 8
     while len(longer):  # a round per 8 bytes, over the words that long
         rest = lengths[longer] - np.uint64(offset)
-        keys[longer] = mix(keys[longer] ^ (eight[firsts[longer] + offset] & LENGTH_MASKS[np.minimum(rest, 8)]))
+        block = eight[firsts[longer] + offset] & LENGTH_MASKS[np.minimum(rest, 8)]
+        keys[longer] = mix(keys[longer] ^ block)
         longer, offset = longer[rest > 8], offset + 8
     return keys, checks
 
@@ -207,8 +208,9 @@ def mix(x: np.ndarray) -> np.ndarray:
 
 class WordTable:
     """Each distinct word's ids, found by its key (word_keys): an open-addressing table on the key's
-    top bits (linear probing, at most a quarter full), the word's check confirming each hit. Lookups and insertions take the lock; the id arrays a lookup returns are replaced,
-    never changed, by later insertions, so they can be read without it."""
+    top bits (linear probing, at most a quarter full), the word's check confirming each hit.
+    Lookups and insertions take the lock; the id arrays a lookup returns are replaced, never
+    changed, by later insertions, so they can be read without it."""
 
     def __init__(self, tokenizer: Tokenizer, bits: int = 16):
         self.tokenizer = tokenizer
@@ -266,7 +268,8 @@ class WordTable:
         if len(self.lengths) + len(first) > MAX_WORDS:
             self._allocate(16)
             self.offsets = self.lengths = self.ids = np.zeros(0, np.int64)
-        words = [text[a:b].decode("utf-8") for a, b in zip(bounds[first].tolist(), bounds[first + 1].tolist())]
+        spans = zip(bounds[first].tolist(), bounds[first + 1].tolist())
+        words = [text[a:b].decode("utf-8") for a, b in spans]
         encoded = [e.ids for e in self.tokenizer.encode_batch_fast(words, add_special_tokens=False)]
         lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
         ids = np.fromiter((i for word_ids in encoded for i in word_ids), np.int64, int(lengths.sum()))

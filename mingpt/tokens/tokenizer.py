@@ -44,9 +44,11 @@ TOKENIZER_KEY = "data_config.tokenizer"
 
 def check_settings(tokenizer: str, vocab_size: int, sample_mb: float) -> None:
     """data_config's tokenizer keys (DataConfig's, and prepare_data.py's options) in range."""
-    check(bool(tokenizer), "data_config.tokenizer", "must not be empty; give char, bpe or the path of a tokenizer.json")
+    check(bool(tokenizer), "data_config.tokenizer",
+          "must not be empty; give char, bpe or the path of a tokenizer.json")
     check(BYTE_ALPHABET < vocab_size <= MAX_VOCAB, "data_config.bpe_vocab_size",
-          f"must be more than the {BYTE_ALPHABET} byte tokens and at most {MAX_VOCAB:,} (uint32 ids), got {vocab_size}")
+          f"must be more than the {BYTE_ALPHABET} byte tokens and at most {MAX_VOCAB:,} (uint32 ids), "
+          f"got {vocab_size}")
     check(sample_mb > 0, "data_config.bpe_sample_mb", f"must be positive, got {sample_mb}")
 
 

@@ -298,7 +298,8 @@ def test_fsdp_start_up_never_holds_the_whole_model(init_probe):
 class ShardOf:
     """What local_rows reads of an FSDP2 parameter: its full shape, placements, mesh, local shard."""
 
-    def __init__(self, rows: int, placements: list, mesh_sizes: list[int], coordinates: list[int], local: int):
+    def __init__(self, rows: int, placements: list, mesh_sizes: list[int], coordinates: list[int],
+                 local: int):
         self.shape, self.placements = (rows, 3), placements
         self.device_mesh = SimpleNamespace(size=lambda dim: mesh_sizes[dim],
                                            get_local_rank=lambda dim: coordinates[dim])

@@ -5,7 +5,16 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import TORCHRUN, WORKER_SCRIPTS, assert_ok, final_state, gpt2_logits, make_gpt2_folder, make_text, run
+from helpers import (
+    TORCHRUN,
+    WORKER_SCRIPTS,
+    assert_ok,
+    final_state,
+    gpt2_logits,
+    make_gpt2_folder,
+    make_text,
+    run,
+)
 from safetensors.torch import load_file
 from state_equality import assert_same_state
 
@@ -24,8 +33,8 @@ def probe(tmp_path_factory) -> SimpleNamespace:
     folder = make_gpt2_folder(work / "gpt2", make_text(20000))
     torch.save(IDS, work / "ids.pt")
     (work / "out").mkdir()
-    result = run([*TORCHRUN, "--standalone", "--nproc_per_node=2", WORKER_SCRIPTS / "tokens_probe.py", text, folder,
-                  work / "ids.pt", work / "out"])
+    result = run([*TORCHRUN, "--standalone", "--nproc_per_node=2", WORKER_SCRIPTS / "tokens_probe.py",
+                  text, folder, work / "ids.pt", work / "out"])
     assert_ok(result)
     return SimpleNamespace(out=work / "out", folder=folder, stdout=result.stdout)
 

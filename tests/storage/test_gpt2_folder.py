@@ -1,14 +1,21 @@
 """storage/gpt2_folder.py: a GPT-2 folder that transformers wrote gives the project's model the
 folder's logits (tied or untied head, one safetensors file or shards, save_pretrained's names or the
 hub's older ones), a broken mapping would not, and a folder or config that does not fit is refused
-in one line. Training from a folder, on 2 ranks under DDP and FSDP: tests/end_to_end/test_tokens_and_gpt2.py."""
+in one line. Training from a folder on 2 ranks, DDP and FSDP: tests/end_to_end/test_tokens_and_gpt2.py."""
 import json
 import shutil
 
 import pytest
 import torch
-from helpers import assert_ok, gpt2_logits, make_gpt2_folder, make_text, one_error_line, run_main_in_process, \
-    tiny_overrides
+from helpers import (
+    assert_ok,
+    gpt2_logits,
+    make_gpt2_folder,
+    make_text,
+    one_error_line,
+    run_main_in_process,
+    tiny_overrides,
+)
 from safetensors.torch import load_file, save_file
 
 from mingpt.model import GPT, GPTConfig
@@ -63,7 +70,8 @@ def sharded(folder, tmp_path):
 def hub_names(folder, tmp_path):
     """GPT-2's own folder on the hub: no `transformer.` in the names, and the attention masks."""
     path = copied(folder, tmp_path)
-    tensors = {name.removeprefix("transformer."): t for name, t in load_file(path / "model.safetensors").items()}
+    saved = load_file(path / "model.safetensors")
+    tensors = {name.removeprefix("transformer."): tensor for name, tensor in saved.items()}
     tensors["h.0.attn.bias"] = torch.ones(1, 1, 64, 64).tril()
     save_file(tensors, path / "model.safetensors")
     return path
@@ -130,7 +138,8 @@ def other_tokenizer(path):
 
 BAD_FOLDERS = [  # (what is wrong, how to make it of a good copy, what the line says after the path)
     ("missing", lambda path: shutil.rmtree(path), "does not exist"),
-    ("no config.json", lambda path: (path / "config.json").unlink(), "has no config.json (a partial download?)"),
+    ("no config.json", lambda path: (path / "config.json").unlink(),
+     "has no config.json (a partial download?)"),
     ("another architecture", edit_config(model_type="llama"), "holds a llama model, not GPT-2"),
     ("no weights", lambda path: (path / "model.safetensors").unlink(), "has no model.safetensors"),
     ("truncated weights", lambda path: (path / "model.safetensors").write_bytes(
@@ -151,12 +160,14 @@ def test_a_folder_that_does_not_fit_is_refused_in_one_line(folder, tmp_path, cas
     make(path)
     with pytest.raises(ConfigError) as error:
         open_folder(str(path))
-    assert str(error.value).startswith(f"gpt_config.init_from: {path} {said}") and "\n" not in str(error.value)
+    assert str(error.value).startswith(f"gpt_config.init_from: {path} {said}")
+    assert "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize("given, said", [
     ({}, None), ({"n_layer": None, "n_head": None, "n_embd": None}, None), ({"n_layer": 2}, None),
-    ({"n_layer": 24}, "gpt_config.n_layer: 24, but gpt_config.init_from={path} has n_layer=2; drop gpt_config.n_layer"),
+    ({"n_layer": 24},
+     "gpt_config.n_layer: 24, but gpt_config.init_from={path} has n_layer=2; drop gpt_config.n_layer"),
     ({"model_type": "gpt-nano", "n_layer": None, "n_head": None, "n_embd": None},
      "gpt_config.model_type: gpt-nano is n_layer=3, n_head=3, n_embd=48, but gpt_config.init_from={path} is "
      "n_layer=2, n_head=2, n_embd=32"),

@@ -22,7 +22,8 @@ def test_training_is_deterministic_and_round_trips_any_text():
 
 def test_a_list_of_characters_is_a_character_vocabulary():
     vocabulary = Vocabulary.of(list("abc"))
-    assert vocabulary.is_char and vocabulary.decode([2, 0]) == "ca" and Vocabulary.of(vocabulary) is vocabulary
+    assert vocabulary.is_char and vocabulary.decode([2, 0]) == "ca"
+    assert Vocabulary.of(vocabulary) is vocabulary
 
 
 def test_the_sample_is_spread_over_the_text_in_whole_words():
@@ -49,7 +50,8 @@ def bpe_on_whitespace(path):
 @pytest.mark.parametrize("case, make, said", [
     ("missing", None, "no such file {path}; give char, bpe"),
     ("corrupt", lambda path: path.write_text('{"model": '), "{path} is not a tokenizers tokenizer.json"),
-    ("not a tokenizer", lambda path: path.write_text('{"a": 1}'), "{path} is not a tokenizers tokenizer.json"),
+    ("not a tokenizer", lambda path: path.write_text('{"a": 1}'),
+     "{path} is not a tokenizers tokenizer.json"),
     ("word level", word_level, "{path} is a WordLevel model, not a byte-level BPE"),
     ("bpe of characters", bpe_on_whitespace, "{path} is a BPE without a ByteLevel pre-tokenizer or decoder"),
 ])

@@ -27,7 +27,8 @@ TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32)
 def config(data: DataConfig, snapshots: Path, gpt: GPTConfig = TINY, **trainer) -> TrainConfig:
     settings = dict(batch_size=8, data_loader_workers=0, use_amp=False, snapshot_path=str(snapshots),
                     log_every=1, max_steps=6, save_every_steps=3)
-    return TrainConfig(data, gpt, TrainerConfig(**{**settings, **trainer}), OptimizerConfig(learning_rate=3e-3))
+    trainer_config = TrainerConfig(**{**settings, **trainer})
+    return TrainConfig(data, gpt, trainer_config, OptimizerConfig(learning_rate=3e-3))
 
 
 def bpe_and_resume(text: str, out: Path, env) -> None:
