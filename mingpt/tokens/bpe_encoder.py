@@ -212,12 +212,17 @@ class WordTable:
     Lookups and insertions take the lock; the id arrays a lookup returns are replaced, never
     changed, by later insertions, so they can be read without it."""
 
-    def __init__(self, tokenizer: Tokenizer, bits: int = 16):
+    def __init__(self, tokenizer: Tokenizer, dtype: np.dtype, bits: int = 16):
         self.tokenizer = tokenizer
+        self.dtype = dtype
         self.lock = threading.Lock()
         self._allocate(bits)
-        self.offsets = self.lengths = self.ids = np.zeros(0, np.int64)
-        """Word w's ids: ids[offsets[w] : offsets[w] + lengths[w]]."""
+        self._forget_words()
+
+    def _forget_words(self) -> None:
+        self.offsets = self.lengths = np.zeros(0, np.int64)
+        self.ids = np.zeros(0, self.dtype)
+        """Word w's ids (of the dtype the caller keeps): ids[offsets[w] : offsets[w] + lengths[w]]."""
 
     def _allocate(self, bits: int) -> None:
         self.bits = bits
@@ -267,12 +272,12 @@ class WordTable:
         first = new[first]
         if len(self.lengths) + len(first) > MAX_WORDS:
             self._allocate(16)
-            self.offsets = self.lengths = self.ids = np.zeros(0, np.int64)
+            self._forget_words()
         spans = zip(bounds[first].tolist(), bounds[first + 1].tolist())
         words = [text[a:b].decode("utf-8") for a, b in spans]
         encoded = [e.ids for e in self.tokenizer.encode_batch_fast(words, add_special_tokens=False)]
         lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
-        ids = np.fromiter((i for word_ids in encoded for i in word_ids), np.int64, int(lengths.sum()))
+        ids = np.fromiter((i for word_ids in encoded for i in word_ids), self.dtype, int(lengths.sum()))
         numbers = len(self.lengths) + np.arange(len(first))
         self.offsets = np.concatenate([self.offsets, len(self.ids) + np.cumsum(lengths) - lengths])
         self.lengths = np.concatenate([self.lengths, lengths])
@@ -329,12 +334,12 @@ def uses_gpt2_words(config: dict) -> bool:
 
 
 class Encoder:
-    """The ids of pieces of a text under one tokenizer (encode_pieces)."""
+    """The ids of pieces of a text under one tokenizer (encode_pieces), of dtype."""
 
-    def __init__(self, tokenizer: Tokenizer, config: dict):
+    def __init__(self, tokenizer: Tokenizer, config: dict, dtype: np.dtype = np.dtype(np.int64)):
         self.tokenizer = tokenizer
         self.fast = uses_gpt2_words(config)
-        self.table = WordTable(tokenizer)
+        self.table = WordTable(tokenizer, dtype)
         self.added = [token["content"].encode("utf-8") for token in config.get("added_tokens", [])]
 
     def encode(self, piece: bytes) -> np.ndarray:
@@ -357,13 +362,14 @@ class Encoder:
         lines = list(cut_pieces([piece], LINE_PIECE_BYTES, line_cut))
         encoded = self.tokenizer.encode_batch_fast([line.decode("utf-8") for line in lines],
                                                    add_special_tokens=False)
-        return np.fromiter((i for e in encoded for i in e.ids), np.int64)
+        return np.fromiter((i for e in encoded for i in e.ids), self.table.dtype)
 
 
-def encode_pieces(tokenizer: Tokenizer, config: dict, texts: Iterable[str]) -> Iterator[np.ndarray]:
-    """The ids of texts (a text in chunks cut anywhere), a piece at a time, in order: pieces cut
-    where both sides encode as the whole would, encoded in THREADS threads."""
-    encoder = Encoder(tokenizer, config)
+def encode_pieces(tokenizer: Tokenizer, config: dict, texts: Iterable[str],
+                  dtype: np.dtype = np.dtype(np.int64)) -> Iterator[np.ndarray]:
+    """The ids (of dtype) of texts (a text in chunks cut anywhere), a piece at a time, in order:
+    pieces cut where both sides encode as the whole would, encoded in THREADS threads."""
+    encoder = Encoder(tokenizer, config, dtype)
     cut = word_cut if encoder.fast else line_cut
     pieces = cut_pieces((text.encode("utf-8") for text in texts), PIECE_BYTES, cut)
     with ThreadPoolExecutor(THREADS) as pool:

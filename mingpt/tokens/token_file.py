@@ -342,9 +342,8 @@ def bpe_plan(source: str, choice: TokenizerChoice, size: Optional[int]) -> tuple
     tokenizer = Tokenizer.from_str(tokenizer_json)
     vocab_size = len(token_list(tokenizer))
     dtype = id_dtype(vocab_size)
-    chunks = encode_pieces(tokenizer, json.loads(tokenizer_json), text_chunks(source))
-    return {"tokenizer_json": tokenizer_json, "vocab_size": vocab_size, "dtype": dtype.name}, \
-        (ids.astype(dtype) for ids in chunks)
+    chunks = encode_pieces(tokenizer, json.loads(tokenizer_json), text_chunks(source), dtype)
+    return {"tokenizer_json": tokenizer_json, "vocab_size": vocab_size, "dtype": dtype.name}, chunks
 
 
 def bpe_sample(source: str, size: Optional[int], sample_bytes: int) -> Iterator[str]:
