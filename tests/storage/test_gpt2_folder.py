@@ -14,6 +14,7 @@ from helpers import (
     make_text,
     one_error_line,
     run_main_in_process,
+    sha256,
     tiny_overrides,
 )
 from safetensors.torch import load_file, save_file
@@ -215,5 +216,7 @@ def test_training_starts_from_the_folder_and_a_snapshot_comes_first(folder, tmp_
     assert_ok(again)
     assert "Resuming training from snapshot" in again.stdout
 
+    before = sha256(tmp_path / "snap.pt")
     refused = run_main_in_process([*overrides, "gpt_config.n_layer=24"], capsys)
     assert one_error_line(refused).startswith("error: gpt_config.n_layer: 24, but gpt_config.init_from=")
+    assert sha256(tmp_path / "snap.pt") == before
