@@ -191,6 +191,9 @@ class Finished:
     """Its stdout lines, each with the seconds from its start to when it arrived."""
     stderr: str
     timed_out: bool = False
+    cpu_s: Optional[float] = None
+    """CPU seconds it and its waited-for descendants used (user and system): on a machine others
+    load too, what the wall time would be on a free core."""
 
     def first(self, pattern: re.Pattern) -> Optional[float]:
         """Seconds from start to the first stdout line matching pattern."""
@@ -236,7 +239,7 @@ child = subprocess.Popen(command)
 _, status, usage = os.wait4(child.pid, 0)
 child.returncode = code = os.waitstatus_to_exitcode(status)
 with open(report, "w") as f:
-    f.write(str(usage.ru_maxrss))
+    f.write(f"{usage.ru_maxrss} {usage.ru_utime + usage.ru_stime}")
 sys.exit(code if code >= 0 else 128 - code)
 """
 
@@ -277,9 +280,9 @@ def run_child(command: list, cwd: Path, args, poll: Optional[Callable[[int, bool
         seconds = time.perf_counter() - start
         reader.join(timeout=10)
         stderr.seek(0)
-        peak_kib = peak.read().strip()
+        peak_kib, cpu_s = (peak.read().split() + [None, None])[:2]
         return Finished(proc.returncode, seconds, int(peak_kib) * 1024 / MB if peak_kib else None, lines,
-                        stderr.read(), timed_out)
+                        stderr.read(), timed_out, float(cpu_s) if cpu_s else None)
 
 
 # ------------------------------------------------------------------------------------------ preparation
@@ -308,11 +311,12 @@ def measure_prepare_bpe(text: Path, args) -> dict:
     choice = TokenizerChoice("bpe", args.bpe_vocab_size)
     token_file_for(str(text), choice=choice).unlink(missing_ok=True)
     command = [sys.executable, PREPARE, text, "--tokenizer", "bpe", "--bpe-vocab-size", args.bpe_vocab_size]
+    load = os.getloadavg()[0]  # others' work on the machine slows the wall time, not the CPU time
     run = run_child(command, REPO, args)
     said = " ".join(line for _, line in run.lines)
     tool_rate = re.search(r"([\d.]+) MB/s", said)
     result = {"seconds": run.seconds, "mb_per_s": text.stat().st_size / MB / run.seconds,
-              "peak_rss_mb": run.peak_rss_mb,
+              "cpu_s": run.cpu_s, "load_before": load, "peak_rss_mb": run.peak_rss_mb,
               "tool_mb_per_s": float(tool_rate.group(1)) if tool_rate else None,
               "output": said, "error": run.error()}
     if result["error"] is None:
@@ -556,7 +560,8 @@ def table(report: dict, args) -> list[tuple[str, str, str, str]]:
         ("prepare, up to date", f"{warm['seconds']:.1f} s, peak {fmt_mb(warm['peak_rss_mb'])}", "", ""),
         (f"prepare in BPE tokens ({args.bpe_vocab_size:,}), from scratch",
          f"{bpe['seconds']:.1f} s, {bpe['mb_per_s']:.0f} MB/s" + (
-             f", {bpe['bytes_per_token']:.2f} bytes per token" if bpe.get("bytes_per_token") else ""),
+             f", {bpe['bytes_per_token']:.2f} bytes per token" if bpe.get("bytes_per_token") else "") + (
+             f"; {bpe['cpu_s']:.0f} CPU-s, load {bpe['load_before']:.1f} before" if bpe.get("cpu_s") else ""),
          f">= {TARGETS['bpe_prepare_mb_per_s']:.0f} MB/s", mark(v["bpe_prepare_mb_per_s"])),
         ("  its peak memory", fmt_mb(bpe["peak_rss_mb"]), f"< {TARGETS['bpe_prepare_peak_mb']:,.0f} MB",
          mark(v["bpe_prepare_peak_mb"])),
