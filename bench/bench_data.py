@@ -8,6 +8,8 @@ a vocabulary of about 80 characters, like a real corpus; no network) and measure
 fresh process, as a user would run it:
 - preparation: `python mingpt/prepare_data.py TEXT` from scratch, then again with the token file up
   to date: wall time, MB/s of text, and the process's peak resident memory (wait4's ru_maxrss);
+  and from scratch in BPE tokens (`--tokenizer bpe`: the BPE trained on an 8 MB sample of the text,
+  then the whole text encoded), with the same figures;
 - start-up: `python mingpt/main.py` with a tiny model, from process start to its first training
   step's loss line, and on the way when it had loaded the data and built the Trainer;
 - memory per rank under `torchrun --nproc_per_node=2`: each worker's unique set size (USS: its
@@ -51,6 +53,7 @@ from mingpt.distributed.process_group import DistEnv
 from mingpt.tokens.data_loader import make_dataloader
 from mingpt.tokens.token_file import CHUNK_BYTES, open_token_file, token_file_for
 from mingpt.tokens.token_file import prepare as prepare_text
+from mingpt.tokens.tokenizer import TokenizerChoice
 
 MAIN = REPO / "mingpt" / "main.py"
 PREPARE = REPO / "mingpt" / "prepare_data.py"
@@ -62,6 +65,8 @@ NPROC = 2
 TARGETS = {
     "prepare_mb_per_s": 50.0,  # at least
     "prepare_peak_mb": 1000.0,  # below
+    "bpe_prepare_mb_per_s": 20.0,  # at least
+    "bpe_prepare_peak_mb": 1000.0,  # below
     "startup_s": 10.0,  # below
     "extra_private_mb_per_rank": 300.0,  # at most, over the small-text run
 }
@@ -91,6 +96,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--loader-batches", type=int, default=200, help="batches timed per loader measurement")
     p.add_argument("--loader-batch-size", type=int, default=216, help="the default config's batch")
     p.add_argument("--block-size", type=int, default=128)
+    p.add_argument("--bpe-vocab-size", type=int, default=8192,
+                   help="the BPE's vocabulary (prepare_data.py's)")
     p.add_argument("--poll-s", type=float, default=0.5, help="seconds between memory samples")
     p.add_argument("--memory-cap-gb", type=float, default=4.0,
                    help="RLIMIT_DATA of every child process (0: none)")
@@ -100,7 +107,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--measure-loader", type=Path, help=argparse.SUPPRESS)  # child mode: a text's loader
     args = p.parse_args(argv)
     for name in ("mb", "small_mb", "steps", "loader_batches", "loader_batch_size", "block_size", "poll_s",
-                 "timeout_s"):
+                 "timeout_s", "bpe_vocab_size"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive")
     if args.memory_cap_gb < 0:
@@ -185,6 +192,9 @@ class Finished:
     """Its stdout lines, each with the seconds from its start to when it arrived."""
     stderr: str
     timed_out: bool = False
+    cpu_s: Optional[float] = None
+    """CPU seconds it and its waited-for descendants used (user and system): on a machine others
+    load too, what the wall time would be on a free core."""
 
     def first(self, pattern: re.Pattern) -> Optional[float]:
         """Seconds from start to the first stdout line matching pattern."""
@@ -230,7 +240,7 @@ child = subprocess.Popen(command)
 _, status, usage = os.wait4(child.pid, 0)
 child.returncode = code = os.waitstatus_to_exitcode(status)
 with open(report, "w") as f:
-    f.write(str(usage.ru_maxrss))
+    f.write(f"{usage.ru_maxrss} {usage.ru_utime + usage.ru_stime}")
 sys.exit(code if code >= 0 else 128 - code)
 """
 
@@ -271,9 +281,9 @@ def run_child(command: list, cwd: Path, args, poll: Optional[Callable[[int, bool
         seconds = time.perf_counter() - start
         reader.join(timeout=10)
         stderr.seek(0)
-        peak_kib = peak.read().strip()
+        peak_kib, cpu_s = (peak.read().split() + [None, None])[:2]
         return Finished(proc.returncode, seconds, int(peak_kib) * 1024 / MB if peak_kib else None, lines,
-                        stderr.read(), timed_out)
+                        stderr.read(), timed_out, float(cpu_s) if cpu_s else None)
 
 
 # ------------------------------------------------------------------------------------------ preparation
@@ -294,6 +304,26 @@ def measure_prepare(text: Path, args) -> dict:
                         "output": said, "error": run.error()}
     if result["from_scratch"]["error"] is None:
         result["vocab_size"] = open_token_file(tokens).vocab_size
+    return result
+
+
+def measure_prepare_bpe(text: Path, args) -> dict:
+    """prepare_data.py --tokenizer bpe from scratch (its token file removed first)."""
+    choice = TokenizerChoice("bpe", args.bpe_vocab_size)
+    token_file_for(str(text), choice=choice).unlink(missing_ok=True)
+    command = [sys.executable, PREPARE, text, "--tokenizer", "bpe", "--bpe-vocab-size", args.bpe_vocab_size]
+    load = os.getloadavg()[0]  # others' work on the machine slows the wall time, not the CPU time
+    run = run_child(command, REPO, args)
+    said = " ".join(line for _, line in run.lines)
+    tool_rate = re.search(r"([\d.]+) MB/s", said)
+    result = {"seconds": run.seconds, "mb_per_s": text.stat().st_size / MB / run.seconds,
+              "cpu_s": run.cpu_s, "load_before": load, "peak_rss_mb": run.peak_rss_mb,
+              "tool_mb_per_s": float(tool_rate.group(1)) if tool_rate else None,
+              "output": said, "error": run.error()}
+    if result["error"] is None:
+        tokens = open_token_file(token_file_for(str(text), choice=choice))
+        result.update(vocab_size=tokens.vocab_size, n_tokens=tokens.n_tokens,
+                      bytes_per_token=text.stat().st_size / tokens.n_tokens)
     return result
 
 
@@ -456,13 +486,17 @@ def extra_per_rank(big: dict, small: dict, key: str) -> dict[int, Optional[float
 
 def verdicts(report: dict) -> dict[str, Optional[bool]]:
     """Each target met (True), missed (False), or not measured (None)."""
-    cold = report["prepare"]["from_scratch"]
+    cold, bpe = report["prepare"]["from_scratch"], report["prepare_bpe"]
     extra = [v for v in report["memory"]["extra_uss_mb"].values()]
     startup = report["startup"]["first_step_s"]
     ok = cold["error"] is None
     return {
         "prepare_mb_per_s": cold["mb_per_s"] >= TARGETS["prepare_mb_per_s"] if ok else None,
         "prepare_peak_mb": cold["peak_rss_mb"] < TARGETS["prepare_peak_mb"] if cold["peak_rss_mb"] else None,
+        "bpe_prepare_mb_per_s": (bpe["mb_per_s"] >= TARGETS["bpe_prepare_mb_per_s"]
+                                 if bpe["error"] is None else None),
+        "bpe_prepare_peak_mb": (bpe["peak_rss_mb"] < TARGETS["bpe_prepare_peak_mb"]
+                                if bpe["peak_rss_mb"] else None),
         "startup_s": startup < TARGETS["startup_s"] if startup is not None else False,
         "extra_private_mb_per_rank": (all(v <= TARGETS["extra_private_mb_per_rank"] for v in extra)
                                       if all(v is not None for v in extra) else False),
@@ -494,6 +528,7 @@ def differences_cell(by_rank: dict) -> str:
 
 def table(report: dict, args) -> list[tuple[str, str, str, str]]:
     prep, startup, memory, loader = report["prepare"], report["startup"], report["memory"], report["loader"]
+    bpe = report["prepare_bpe"]
     cold, warm = prep["from_scratch"], prep["up_to_date"]
     v = report["verdicts"]
     tool = f", {cold['tool_mb_per_s']:.0f} MB/s in prepare()" if cold["tool_mb_per_s"] else ""
@@ -504,6 +539,13 @@ def table(report: dict, args) -> list[tuple[str, str, str, str]]:
         ("  its peak memory", fmt_mb(cold["peak_rss_mb"]), f"< {TARGETS['prepare_peak_mb']:,.0f} MB",
          mark(v["prepare_peak_mb"])),
         ("prepare, up to date", f"{warm['seconds']:.1f} s, peak {fmt_mb(warm['peak_rss_mb'])}", "", ""),
+        (f"prepare in BPE tokens ({args.bpe_vocab_size:,}), from scratch",
+         f"{bpe['seconds']:.1f} s, {bpe['mb_per_s']:.0f} MB/s" + (
+             f", {bpe['bytes_per_token']:.2f} bytes per token" if bpe.get("bytes_per_token") else "") + (
+             f"; {bpe['cpu_s']:.0f} CPU-s, load {bpe['load_before']:.1f} before" if bpe.get("cpu_s") else ""),
+         f">= {TARGETS['bpe_prepare_mb_per_s']:.0f} MB/s", mark(v["bpe_prepare_mb_per_s"])),
+        ("  its peak memory", fmt_mb(bpe["peak_rss_mb"]), f"< {TARGETS['bpe_prepare_peak_mb']:,.0f} MB",
+         mark(v["bpe_prepare_peak_mb"])),
         ("start-up to the first step (1 process)",
          f"{fmt_s(startup['first_step_s'])} (data mapped {fmt_s(startup['data_loaded_s'])}, "
          f"Trainer built {fmt_s(startup['trainer_built_s'])})",
@@ -550,6 +592,8 @@ def run_benchmark(args, workdir: Path) -> dict:
         print(f"text {meta['path']}: {meta['bytes'] / MB:g} MB, {written}", flush=True)
     print("preparing ...", flush=True)
     prepare = measure_prepare(text, args)
+    print("preparing in BPE tokens ...", flush=True)
+    prepare_bpe = measure_prepare_bpe(text, args)
     prepare_text(str(small))  # the small text's token file, for its runs
     print("start-up ...", flush=True)
     startup = measure_startup(text, workdir, args)
@@ -562,9 +606,11 @@ def run_benchmark(args, workdir: Path) -> dict:
               "extra_uss_mb": extra_per_rank(big, small_run, "uss"),
               "extra_pss_mb": extra_per_rank(big, small_run, "pss")}
     report = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-              "corpus": corpus, "small_corpus": small_corpus, "prepare": prepare, "startup": startup,
+              "corpus": corpus, "small_corpus": small_corpus, "prepare": prepare, "prepare_bpe": prepare_bpe,
+              "startup": startup,
               "memory": memory, "loader": loader, "targets": TARGETS, "machine_cores": os.cpu_count(),
               "errors": {"prepare": prepare["from_scratch"]["error"] or prepare["up_to_date"]["error"],
+                         "prepare_bpe": prepare_bpe["error"],
                          "startup": startup["error"], "memory_big": big["error"],
                          "memory_small": small_run["error"], "loader": loader["error"]}}
     report["verdicts"] = verdicts(report)

@@ -4,6 +4,9 @@ Every position of the text starts a sample (the original's choice): sample i is
 x = text[i : i + block_size], y = text[i + 1 : i + block_size + 1]. The text is encoded once, in a
 streaming pass, into a token file (prepare_data.py) that every process of a machine maps, so memory
 does not grow with the corpus and ranks share one copy through the page cache.
+
+With data_config.tokenizer set to a byte-level BPE (tokens/tokenizer.py) the same holds of its
+tokens: a sample is block_size tokens, and "characters" below reads "tokens".
 """
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +19,13 @@ from torch.utils.data import Dataset
 from mingpt.reporting.errors import DataError, check, check_choice, check_positive
 from mingpt.tokens.permutation import Permutation
 from mingpt.tokens.token_file import TokenFile, encode_text, open_token_file, prepare, token_file_for
+from mingpt.tokens.tokenizer import (
+    DEFAULT_SAMPLE_MB,
+    DEFAULT_VOCAB_SIZE,
+    TokenizerChoice,
+    Vocabulary,
+    check_settings,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CORPUS = REPO_ROOT / "data" / "input.txt"
@@ -42,14 +52,30 @@ class DataConfig:
     """'random': the original's split of overlapping windows (test windows share characters with
     training windows, so the test loss is not held out). 'contiguous': the first train_split of
     the text trains, the rest tests, with no character in both: the honest held-out measure."""
+    tokenizer: str = "char"
+    """char: one token per character (the original's). bpe: a byte-level BPE (GPT-2's kind) trained
+    on this text, kept with its token file. Or the path (local or fsspec URL) of a byte-level BPE's
+    tokenizer.json (GPT-2's, or any in the Hugging Face tokenizers format): nothing is downloaded.
+    With gpt_config.init_from, the model folder's tokenizer.json is used (leave this at char)."""
+    bpe_vocab_size: int = DEFAULT_VOCAB_SIZE
+    """tokenizer=bpe: at most this many tokens, the 256 byte tokens included (a small text may
+    give fewer merges)."""
+    bpe_sample_mb: float = DEFAULT_SAMPLE_MB
+    """tokenizer=bpe: train it on this many MB of the text, in 64 windows spread evenly over it
+    (all of it if smaller): a few MB settle a few thousand merges, and training reads about 2 MB/s."""
 
     def __post_init__(self) -> None:
         check_positive(self, "data_config", "block_size")
+        check_settings(self.tokenizer, self.bpe_vocab_size, self.bpe_sample_mb)
         check(0.0 < self.train_split < 1.0, "data_config.train_split",
               f"must be between 0 and 1 (exclusive), got {self.train_split}")
         check(0.0 < self.truncate <= 1.0, "data_config.truncate",
               f"must be in (0, 1], got {self.truncate}")
         check_choice(self, "data_config", "split", SPLITS)
+
+    @property
+    def tokenizer_choice(self) -> TokenizerChoice:
+        return TokenizerChoice.of(self.tokenizer, self.bpe_vocab_size, self.bpe_sample_mb)
 
 
 class CharDataset(Dataset):
@@ -66,16 +92,22 @@ class CharDataset(Dataset):
 
     @classmethod
     def from_token_file(cls, tokens: TokenFile, block_size: int, truncate: float = 1.0) -> "CharDataset":
-        """The leading `truncate` share of a prepared token file, with the vocabulary of that share."""
+        """The leading `truncate` share of a prepared token file, with the vocabulary of that share
+        (of characters; a BPE's vocabulary is its tokenizer's, whatever share is kept)."""
         dataset = cls.__new__(cls)
         length = int(tokens.n_tokens * truncate)
-        dataset._setup(tokens.ids[:length], tokens.vocab, block_size, whole_text=length == tokens.n_tokens)
+        vocabulary = Vocabulary.from_json(tokens.tokenizer) if tokens.tokenizer else Vocabulary(tokens.vocab)
+        dataset._setup(tokens.ids[:length], vocabulary.tokens, block_size,
+                       whole_text=length == tokens.n_tokens or not vocabulary.is_char, vocabulary=vocabulary)
         return dataset
 
-    def _setup(self, ids: np.ndarray, vocab: list[str], block_size: int, whole_text: bool) -> None:
+    def _setup(self, ids: np.ndarray, vocab: list[str], block_size: int, whole_text: bool,
+               vocabulary: Optional[Vocabulary] = None) -> None:
         self.block_size = block_size
         self.ids = ids
         self._id_map: Optional[np.ndarray] = None
+        self.vocabulary = vocabulary or Vocabulary(vocab)
+        """The tokens and how text becomes them: what a snapshot keeps to decode the model's output."""
         if not whole_text:
             # A truncated text may lack some of the whole text's characters. Its vocabulary is its
             # own (the original's: the characters it trains on), reached through a small table.
@@ -84,6 +116,7 @@ class CharDataset(Dataset):
                 self._id_map = np.full(len(vocab), -1, dtype=np.int64)
                 self._id_map[present] = np.arange(len(present))
                 vocab = [vocab[i] for i in present]
+                self.vocabulary = Vocabulary(vocab)
         self.vocab: list[str] = vocab
         self.stoi = {ch: i for i, ch in enumerate(vocab)}
 
@@ -114,11 +147,18 @@ class CharDataset(Dataset):
         ids = self.ids[positions]
         return torch.from_numpy((self._id_map[ids] if self._id_map is not None else ids).astype(np.int64))
 
+    @property
+    def unit(self) -> str:
+        """What a token is, for what the user reads."""
+        return "characters" if self.vocabulary.is_char else "tokens"
+
     def encode(self, text: str) -> torch.Tensor:
+        if not self.vocabulary.is_char:
+            return torch.tensor(self.vocabulary.encode(text), dtype=torch.long)
         return torch.tensor([self.stoi[ch] for ch in text], dtype=torch.long)
 
     def decode(self, ids: torch.Tensor) -> str:
-        return "".join(self.vocab[i] for i in ids.tolist())
+        return self.vocabulary.decode(ids.tolist())
 
 
 def inputs_and_targets(windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,12 +218,16 @@ def in_windows(dataset: Dataset) -> Dataset:
 
 def open_corpus(config: DataConfig) -> CharDataset:
     """The configured text's token file, memory-mapped (prepare_corpus has made it on this machine)."""
-    tokens = open_token_file(token_file_for(config.path, config.cache_dir))
+    choice = config.tokenizer_choice
+    tokens = open_token_file(token_file_for(config.path, config.cache_dir, choice))
+    if tokens.settings != choice.settings():  # another run, of other settings, made it meanwhile
+        raise DataError(f"token file {tokens.path} was made again by another run, for other tokenizer "
+                        "settings; run one tokenizer setting per text at a time, then start again")
     dataset = CharDataset.from_token_file(tokens, config.block_size, config.truncate)
     if len(dataset) == 0:
         raise DataError(
             f"data_config.block_size={config.block_size} is not smaller than the text "
-            f"({dataset.num_chars} characters after truncate={config.truncate}); "
+            f"({dataset.num_chars} {dataset.unit} after truncate={config.truncate}); "
             "lower data_config.block_size or raise data_config.truncate"
         )
     return dataset
@@ -195,7 +239,7 @@ def prepare_corpus(config: DataConfig) -> None:
     Call it on one process per machine and make the others wait: the token file is shared by every
     process of the machine through the page cache.
     """
-    prepare(config.path, config.cache_dir)
+    prepare(config.path, config.cache_dir, config.tokenizer_choice)
 
 
 def split_dataset(dataset: CharDataset, config: DataConfig, seed: int) -> tuple[Split, Split]:

@@ -1,5 +1,5 @@
 """A snapshot as a Hugging Face model folder: GPT2LMHeadModel's config.json, its weights in
-safetensors, and a tokenizer of the snapshot's characters.
+safetensors, and its tokenizer (the snapshot's BPE, or one of its characters).
 
     python mingpt/export_hf.py SNAPSHOT OUT_FOLDER
 
@@ -9,10 +9,12 @@ exist yet. Then, with transformers installed:
 
     GPT2LMHeadModel.from_pretrained(OUT_FOLDER), AutoTokenizer.from_pretrained(OUT_FOLDER)
 
-give the project's logits (fp32) and its character tokens. The project's model is GPT-2's
-architecture, so each weight maps to one of GPT-2's: a Linear's (out, in) weight becomes a Conv1D's
-(in, out) one; the head stays apart from the token embedding (tie_word_embeddings false); the MLP's
-GELU is the exact one ("gelu"), not GPT-2's tanh approximation.
+give the project's logits (fp32) and its tokens. The project's model is GPT-2's architecture, so
+each weight maps to one of GPT-2's (storage/gpt2_folder.py): a Linear's (out, in) weight becomes a
+Conv1D's (in, out) one; the head stays apart from the token embedding (tie_word_embeddings false);
+the MLP's GELU is the model's: the exact one ("gelu", the default) or the tanh approximation
+("gelu_new", GPT-2's, which a model started from GPT-2's weights keeps). A folder written here is
+also a folder gpt_config.init_from starts from.
 """
 import json
 import shutil
@@ -25,17 +27,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from mingpt.reporting.errors import MinGPTError, OneLineArgumentParser, SnapshotError, command
 from mingpt.storage import files
+from mingpt.storage.gpt2_folder import HF_ACTIVATIONS, LAYER_NORM_EPS, gpt2_entry
 from mingpt.storage.snapshot import Snapshot, snapshot_at
-
-LAYER_NORM_EPS = 1e-5  # torch's LayerNorm default, which the model uses
-GPT2_NAMES = {  # the project's name within a block -> GPT-2's, and whether the weight turns (Conv1D)
-    "ln_1": ("ln_1", False), "ln_2": ("ln_2", False),
-    "attn.qkv": ("attn.c_attn", True), "attn.proj": ("attn.c_proj", True),
-    "mlp.fc": ("mlp.c_fc", True), "mlp.proj": ("mlp.c_proj", True),
-}
-TOP_NAMES = {"tok_emb.weight": "transformer.wte.weight", "pos_emb.weight": "transformer.wpe.weight",
-             "ln_f.weight": "transformer.ln_f.weight", "ln_f.bias": "transformer.ln_f.bias",
-             "head.weight": "lm_head.weight"}
 
 
 def gpt2_weights(model_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -47,23 +40,14 @@ def gpt2_weights(model_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return weights
 
 
-def gpt2_entry(name: str) -> tuple[str, bool]:
-    """GPT-2's name for a parameter, and whether its weight turns (a Linear's, held as a Conv1D)."""
-    if name in TOP_NAMES:
-        return TOP_NAMES[name], False
-    _, layer, rest = name.split(".", 2)  # blocks.<i>.<module>.<weight|bias>
-    module, kind = rest.rsplit(".", 1)
-    gpt2_module, conv1d = GPT2_NAMES[module]
-    return f"transformer.h.{layer}.{gpt2_module}.{kind}", conv1d and kind == "weight"
-
-
 def gpt2_config(model_config: dict) -> dict:
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "vocab_size": model_config["vocab_size"], "n_positions": model_config["block_size"],
         "n_embd": model_config["n_embd"], "n_layer": model_config["n_layer"],
         "n_head": model_config["n_head"],
-        "n_inner": 4 * model_config["n_embd"], "activation_function": "gelu",
+        "n_inner": 4 * model_config["n_embd"],
+        "activation_function": HF_ACTIVATIONS[model_config.get("activation", "gelu")],
         "embd_pdrop": model_config["embd_pdrop"], "resid_pdrop": model_config["resid_pdrop"],
         "attn_pdrop": model_config["attn_pdrop"], "layer_norm_epsilon": LAYER_NORM_EPS,
         "tie_word_embeddings": False, "scale_attn_weights": True, "torch_dtype": "float32",
@@ -109,7 +93,10 @@ def _write_folder(snapshot: Snapshot, partial: Path) -> None:
     save_file(gpt2_weights(snapshot.model_state), str(partial / "model.safetensors"),
               metadata={"format": "pt"})
     (partial / "config.json").write_text(json.dumps(gpt2_config(snapshot.model_config), indent=2) + "\n")
-    character_tokenizer(snapshot.vocab).save(str(partial / "tokenizer.json"))
+    if snapshot.tokenizer:  # a BPE model's own tokenizer.json
+        (partial / "tokenizer.json").write_text(snapshot.tokenizer)
+    else:
+        character_tokenizer(snapshot.vocab).save(str(partial / "tokenizer.json"))
     (partial / "tokenizer_config.json").write_text(
         json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length":
                     snapshot.model_config["block_size"]}, indent=2) + "\n")

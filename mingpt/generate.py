@@ -1,13 +1,14 @@
-"""Generate text with a trained snapshot: the prompt, then exactly --length new characters.
+"""Generate text with a trained snapshot: the prompt, then exactly --length new tokens (characters).
 
     python mingpt/generate.py --snapshot gpt_snapshot.pt --prompt "ROMEO:" --length 500 \\
         --temperature 0.8 --top-k 40 --seed 1337
     python generate.py --snapshot s3://bucket/gpt_snapshot.pt     # inside mingpt/; any fsspec URL
     python generate.py --snapshot s3://bucket/run/                 # a snapshot folder: its newest
 
-The snapshot alone rebuilds the model (its model_config) and decodes its output (its vocabulary),
-so no training config or data is needed. The same snapshot, prompt, settings, seed and device give
-the same text. --temperature 0 is greedy decoding (always the most likely character).
+The snapshot alone rebuilds the model (its model_config) and decodes its output (its vocabulary, or
+a BPE model's tokenizer), so no training config or data is needed. A BPE model takes any prompt and
+writes --length tokens, decoded whole by its tokenizer. The same snapshot, prompt, settings, seed
+and device give the same text. --temperature 0 is greedy decoding (always the most likely character).
 Mistakes (a missing snapshot, a prompt character the model never saw, a bad option) are reported
 as one line on stderr, with exit status 1.
 
@@ -27,6 +28,7 @@ import torch.nn as nn
 from mingpt.model import GPT, GPTConfig
 from mingpt.reporting.errors import MinGPTError, OneLineArgumentParser, SnapshotError, command, short_reason
 from mingpt.storage.snapshot import Snapshot, snapshot_at
+from mingpt.tokens.tokenizer import Vocabulary
 
 SNAPSHOT_OPTION = "--snapshot"
 # The longest vocabulary an error message lists in full; larger ones are only counted.
@@ -103,7 +105,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                         help="a snapshot file or snapshot folder (its newest): a local path or any "
                              "fsspec URL such as s3://bucket/gpt_snapshot.pt")
     parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
-    parser.add_argument("--length", type=int, default=500, help="number of new characters (default 500)")
+    parser.add_argument("--length", type=int, default=500,
+                        help="number of new tokens: characters, or a BPE model's tokens (default 500)")
     parser.add_argument("--temperature", type=float, default=1.0,
                         help="below 1 is more conservative, above 1 more random, 0 greedy (default 1.0)")
     parser.add_argument("--top-k", type=int, default=None,
@@ -161,7 +164,7 @@ def build_model(snapshot: Snapshot, path: str, device: torch.device) -> GPT:
         raise SnapshotError(f"snapshot {path} does not rebuild a model ({short_reason(e)}); "
                             "was it written by another version of minGPT-DDP?") from None
     if len(snapshot.vocab) != model.config.vocab_size:
-        raise SnapshotError(f"snapshot {path} has {len(snapshot.vocab)} vocabulary characters for a model "
+        raise SnapshotError(f"snapshot {path} has {len(snapshot.vocab)} vocabulary tokens for a model "
                             f"of vocab_size {model.config.vocab_size}; it is damaged")
     return model.to(device).eval()
 
@@ -172,8 +175,14 @@ def describe_vocab(vocab: list[str]) -> str:
     return repr("".join(vocab))  # repr keeps the message on one line (newline shows as \n)
 
 
-def encode(prompt: str, vocab: list[str]) -> list[int]:
-    """Token ids of prompt; MinGPTError naming any character the model never saw."""
+def encode(prompt: str, vocab: list[str], tokenizer: str = "") -> list[int]:
+    """Token ids of prompt (of a BPE model's tokenizer, if it has one); MinGPTError naming any
+    character a character model never saw."""
+    if tokenizer:
+        ids = Vocabulary.from_json(tokenizer).encode(prompt)
+        if not ids:
+            raise MinGPTError("--prompt: empty; give at least one character to continue from")
+        return ids
     stoi = {ch: i for i, ch in enumerate(vocab)}
     unknown = list(dict.fromkeys(ch for ch in prompt if ch not in stoi))  # unique, in prompt order
     if unknown:
@@ -193,11 +202,13 @@ def generate(args: argparse.Namespace) -> str:
     """The prompt followed by args.length generated characters."""
     snapshot, path = find_snapshot(args.snapshot)
     device = torch.device(args.device)
-    prompt_ids = encode(args.prompt, snapshot.vocab)
+    prompt_ids = encode(args.prompt, snapshot.vocab, snapshot.tokenizer)
     model = build_model(snapshot, path, device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # (1, T)
     out = sample(model, idx, args.length, args.temperature, args.top_k, generator)
+    if snapshot.tokenizer:  # a byte-level BPE decodes whole: a character may span tokens
+        return Vocabulary.from_json(snapshot.tokenizer).decode(out[0].tolist())
     return args.prompt + decode(out[0, len(prompt_ids):].tolist(), snapshot.vocab)
 
 

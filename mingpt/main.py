@@ -1,4 +1,4 @@
-"""Train a character-level GPT.
+"""Train a GPT on characters (the original's) or BPE tokens, from scratch or from GPT-2's weights.
 
     python main.py [overrides]                                    one process
     torchrun --standalone --nproc_per_node=4 main.py [overrides]  one process per GPU (or CPU rank)
@@ -10,6 +10,7 @@ their checks reject out-of-range values with one line naming the key.
 import os
 import sys
 from dataclasses import asdict, dataclass, field, replace
+from typing import Optional
 
 import hydra
 import torch
@@ -24,6 +25,7 @@ from mingpt.model import GPT, GPTConfig, OptimizerConfig
 from mingpt.reporting.errors import MinGPTError, check, command, short_reason
 from mingpt.reporting.logger import configure_logging, log
 from mingpt.reporting.trackers import TrackerConfig
+from mingpt.storage.gpt2_folder import GPT2Folder, open_folder
 from mingpt.trainer import Trainer, TrainerConfig
 
 
@@ -38,7 +40,7 @@ class TrainConfig:
     tracker_config: TrackerConfig = field(default_factory=TrackerConfig)
 
     def __post_init__(self) -> None:
-        derived_keys = (("vocab_size", "the data's characters"), ("block_size", "data_config.block_size"))
+        derived_keys = (("vocab_size", "the data's tokenizer"), ("block_size", "data_config.block_size"))
         for derived, source in derived_keys:
             check(getattr(self.gpt_config, derived) is None, f"gpt_config.{derived}",
                   f"comes from {source}; do not set it")
@@ -55,7 +57,10 @@ def load_dataset(config: DataConfig, env: DistEnv) -> CharDataset:
         prepare_corpus(config)
     barrier()
     dataset = open_corpus(config)
-    log.info(f"Data has {dataset.num_chars} characters, {dataset.vocab_size} unique.")
+    if dataset.vocabulary.is_char:
+        log.info(f"Data has {dataset.num_chars} characters, {dataset.vocab_size} unique.")
+    else:
+        log.info(f"Data has {dataset.num_chars} tokens, of a BPE vocabulary of {dataset.vocab_size}.")
     return dataset
 
 
@@ -66,18 +71,38 @@ def train(config: TrainConfig) -> None:
 
 
 def build_and_train(config: TrainConfig, env: DistEnv) -> None:
-    dataset = load_dataset(config.data_config, env)
-    train_set, test_set = split_dataset(dataset, config.data_config, config.trainer_config.seed)
-    gpt_config = replace(config.gpt_config, vocab_size=dataset.vocab_size, block_size=dataset.block_size)
-    with torch.device("meta"):  # shapes only: the Trainer fills in what this rank holds (parallel.py)
-        model = GPT(gpt_config, seed=config.trainer_config.seed)
-    trainer = Trainer(config.trainer_config, model, config.optimizer_config,
-                      train_set, test_set, dataset.vocab, env)
-    summary = startup_summary(config, dataset, train_set, test_set, trainer)
+    trainer, summary = build(config, env)
     for line in summary:
         log.info(line)
     trainer.track(config.tracker_config, asdict(config), summary)
     trainer.train()
+
+
+def build(config: TrainConfig, env: DistEnv) -> tuple[Trainer, list[str]]:
+    """The data, the model on the meta device (from a GPT-2 folder: gpt_config.init_from), and the
+    Trainer that places them; what is about to run, as startup_summary says it."""
+    folder = open_folder(config.gpt_config.init_from) if config.gpt_config.init_from else None
+    data_config = tokenized_by(folder, config.data_config)
+    dataset = load_dataset(data_config, env)
+    train_set, test_set = split_dataset(dataset, data_config, config.trainer_config.seed)
+    gpt_config = folder.model_config(config.gpt_config) if folder else config.gpt_config
+    gpt_config = replace(gpt_config, vocab_size=dataset.vocab_size, block_size=dataset.block_size)
+    with torch.device("meta"):  # shapes only: the Trainer fills in what this rank holds (parallel.py)
+        model = GPT(gpt_config, seed=config.trainer_config.seed, weights=folder)
+    if folder:
+        log.info(f"Initial weights from {folder.path} (GPT-2, {gpt_config.activation}), unless a snapshot "
+                 "is resumed")
+    trainer = Trainer(config.trainer_config, model, config.optimizer_config,
+                      train_set, test_set, dataset.vocabulary, env)
+    return trainer, startup_summary(config, dataset, train_set, test_set, trainer)
+
+
+def tokenized_by(folder: Optional[GPT2Folder], data_config: DataConfig) -> DataConfig:
+    """The data config, with a model folder's tokenizer when training starts from one."""
+    if folder is None:
+        return data_config
+    folder.check_data(data_config.tokenizer, data_config.block_size)
+    return replace(data_config, tokenizer=folder.tokenizer_path)
 
 
 def startup_summary(config: TrainConfig, dataset: CharDataset, train_set, test_set,
@@ -88,7 +113,8 @@ def startup_summary(config: TrainConfig, dataset: CharDataset, train_set, test_s
     evaluation = (f"every {tc.eval_every_steps} steps" if tc.eval_every_steps else "every epoch") + (
         f" on {tc.eval_batches} batch(es) per process" if tc.eval_batches else "")
     *model_to_batch, snapshots = trainer.summary()
-    data_line = (f"Data: {data.path}, {dataset.num_chars:,} characters, vocabulary of {dataset.vocab_size}; "
+    data_line = (f"Data: {data.path}, {dataset.num_chars:,} {dataset.unit}, "
+                 f"vocabulary of {dataset.vocab_size}; "
                  f"{len(train_set):,} train and {len(test_set):,} test samples ({data.split} split); "
                  f"evaluation {evaluation}")
     return [*model_to_batch, data_line, snapshots]

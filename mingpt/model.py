@@ -5,7 +5,7 @@ Shapes in comments: B batch, T time (block), C embedding, nh heads, hs head size
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -27,9 +27,15 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 }
 
 
+ACTIVATIONS = ("gelu", "gelu_tanh")
+DEFAULT_SIZES = {"n_layer": 8, "n_head": 8, "n_embd": 512}
+"""The original's sizes (gpt2_train_cfg.yaml's): with init_from, they stand for "not chosen"."""
+
+
 @dataclass
 class GPTConfig:
-    """Model shape: either a `model_type` preset or all of n_layer, n_head, n_embd."""
+    """Model shape: either a `model_type` preset or all of n_layer, n_head, n_embd (or, with
+    init_from, the model folder's)."""
 
     model_type: Optional[str] = None
     """A named preset (see PRESETS); give it alone, with the three sizes set to null."""
@@ -43,6 +49,15 @@ class GPTConfig:
     embd_pdrop: float = 0.1
     resid_pdrop: float = 0.1
     attn_pdrop: float = 0.1
+    activation: str = "gelu"
+    """The MLP's GELU: gelu, the exact one (the original's), or gelu_tanh, the tanh approximation
+    GPT-2 was trained with (Hugging Face's gelu_new); init_from takes the folder's."""
+    init_from: Optional[str] = None
+    """A Hugging Face GPT-2 model folder (config.json, model.safetensors, tokenizer.json, as
+    save_pretrained writes them) to start training from, with its tokenizer: its shape and
+    activation replace the sizes above, which may stay at their defaults (8, 8, 512), be null, or
+    equal the folder's; anything else is refused. A snapshot at trainer_config.snapshot_path is
+    resumed instead. See storage/gpt2_folder.py."""
 
     def __post_init__(self) -> None:
         sizes = (self.n_layer, self.n_head, self.n_embd)
@@ -56,17 +71,23 @@ class GPTConfig:
                   "or drop gpt_config.model_type")
             self.n_layer, self.n_head, self.n_embd = preset
         for name, value in zip(("n_layer", "n_head", "n_embd"), sizes):
-            check(self.model_type is not None or value is not None, f"gpt_config.{name}",
-                  "missing; set n_layer, n_head and n_embd, or a gpt_config.model_type preset")
-        check_positive(self, "gpt_config", "n_layer", "n_head", "n_embd")
-        check(self.n_embd % self.n_head == 0, "gpt_config.n_embd",
-              f"{self.n_embd} is not divisible by gpt_config.n_head={self.n_head}")
+            check(self.model_type is not None or value is not None or self.init_from is not None,
+                  f"gpt_config.{name}", "missing; set n_layer, n_head and n_embd, or a gpt_config.model_type "
+                  "preset")
+        given = [name for name in ("n_layer", "n_head", "n_embd") if getattr(self, name) is not None]
+        check_positive(self, "gpt_config", *given)  # with init_from, the folder fills in the others
+        if len(given) == 3:
+            check(self.n_embd % self.n_head == 0, "gpt_config.n_embd",
+                  f"{self.n_embd} is not divisible by gpt_config.n_head={self.n_head}")
         for name in ("vocab_size", "block_size"):
             value = getattr(self, name)
             check(value is None or value > 0, f"gpt_config.{name}", f"must be positive, got {value}")
         for name in ("embd_pdrop", "resid_pdrop", "attn_pdrop"):
             value = getattr(self, name)
             check(0.0 <= value < 1.0, f"gpt_config.{name}", f"must be in [0, 1), got {value}")
+        check_choice(self, "gpt_config", "activation", ACTIVATIONS)
+        check(self.init_from is None or bool(self.init_from), "gpt_config.init_from",
+              "must not be empty; give a model folder or null")
 
 
 LR_SCHEDULES = ("constant", "cosine")
@@ -184,7 +205,7 @@ class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.fc = nn.Linear(config.n_embd, 4 * config.n_embd)
-        self.gelu = nn.GELU()
+        self.gelu = nn.GELU(approximate="tanh" if config.activation == "gelu_tanh" else "none")
         self.proj = nn.Linear(4 * config.n_embd, config.n_embd)
         self.drop = Dropout(config.resid_pdrop)
 
@@ -214,16 +235,22 @@ def parameter_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little")
 
 
+InitialValues = Callable[[str, slice], torch.Tensor]
+"""The initial value of a parameter (by name), of the rows (dim 0) of a slice with start and stop."""
+
+
 class GPT(nn.Module):
-    def __init__(self, config: GPTConfig, seed: int = 0):
-        """seed decides the initial weights (see initial_value). Built on the meta device
-        (`with torch.device("meta")`) the model has shapes only, and whoever places it on a device
-        fills it in from initial_value, a part at a time if it likes (parallel.py does)."""
+    def __init__(self, config: GPTConfig, seed: int = 0, weights: Optional[InitialValues] = None):
+        """seed decides the initial weights (see initial_value), unless weights gives them (a
+        pretrained model: storage/gpt2_folder.py). Built on the meta device (`with
+        torch.device("meta")`) the model has shapes only, and whoever places it on a device fills it
+        in from initial_value, a part at a time if it likes (parallel.py does)."""
         super().__init__()
         if config.vocab_size is None or config.block_size is None:
             raise ValueError("GPTConfig.vocab_size and block_size must be set from the data")
         self.config = config
         self.seed = seed
+        self.weights = weights
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         self.pos_emb = nn.Embedding(config.block_size, config.n_embd)
         self.drop = Dropout(config.embd_pdrop)
@@ -233,29 +260,31 @@ class GPT(nn.Module):
         if not self.head.weight.is_meta:
             self.init_weights()
 
-    def initial_value(self, name: str) -> torch.Tensor:
-        """The full initial value of parameter `name`, on the CPU.
+    def initial_value(self, name: str, rows: slice = slice(None)) -> torch.Tensor:
+        """The initial value of parameter `name` (of its rows: a rank's shard), on the CPU.
 
-        GPT-2's scheme: N(0, 0.02) for Linear and Embedding weights, except the projections that
-        feed the residual stream (attn.proj, mlp.proj: one pair per block), N(0, 0.02 / sqrt(2
-        n_layer)); zero biases; LayerNorm weights 1. Each weight is drawn from a generator of its
-        own, seeded by (seed, name), so its value depends on neither the device, the distributed
-        method, the world size nor the order in which parameters are made: each one can be made
-        alone, when it is needed.
+        From the weights given, if any; otherwise GPT-2's scheme: N(0, 0.02) for Linear and
+        Embedding weights, except the projections that feed the residual stream (attn.proj,
+        mlp.proj: one pair per block), N(0, 0.02 / sqrt(2 n_layer)); zero biases; LayerNorm
+        weights 1. Each weight is drawn from a generator of its own, seeded by (seed, name), so its
+        value depends on neither the device, the distributed method, the world size nor the order
+        in which parameters are made: each one can be made alone, when it is needed.
         """
         param = self.get_parameter(name)  # its shape and dtype (the full ones, even if sharded)
+        if self.weights is not None:
+            return self.weights(name, slice(*rows.indices(param.shape[0]))).to(param.dtype)
         module_name, _, kind = name.rpartition(".")
         module = self.get_submodule(module_name)
         if kind == "bias":
-            return torch.zeros(param.shape, dtype=param.dtype)
+            return torch.zeros(param.shape, dtype=param.dtype)[rows]
         if isinstance(module, nn.LayerNorm):
-            return torch.ones(param.shape, dtype=param.dtype)
+            return torch.ones(param.shape, dtype=param.dtype)[rows]
         if not isinstance(module, (nn.Linear, nn.Embedding)):
             raise TypeError(f"no initial value for {name} of a {type(module).__name__}")
         residual = name.endswith(("attn.proj.weight", "mlp.proj.weight"))
         std = 0.02 / math.sqrt(2 * self.config.n_layer) if residual else 0.02
         generator = torch.Generator().manual_seed(parameter_seed(self.seed, name))
-        return torch.empty(param.shape, dtype=param.dtype).normal_(0.0, std, generator=generator)
+        return torch.empty(param.shape, dtype=param.dtype).normal_(0.0, std, generator=generator)[rows]
 
     @torch.no_grad()
     def init_weights(self) -> None:

@@ -1,9 +1,11 @@
 """Prepare the training text once as a token file that every rank memory-maps (see tokens/token_file.py).
 
     python mingpt/prepare_data.py PATH [--cache-dir DIR]     PATH: a local path or any fsspec URL
+    python mingpt/prepare_data.py PATH --tokenizer bpe [--bpe-vocab-size N]   or a tokenizer.json
 
-Training makes the token file itself when it is missing or older than the text; this command makes
-it ahead of time (a 1 GB text takes minutes), for example once on a shared disk before a Slurm job.
+Training makes the token file itself when it is missing, older than the text or of other tokenizer
+settings; this command makes it ahead of time (a 1 GB text takes seconds to a minute), for example
+once on a shared disk before a Slurm job. Give it the data_config settings training will have.
 """
 import time
 from pathlib import Path
@@ -12,6 +14,7 @@ from typing import Optional
 from mingpt.reporting.errors import OneLineArgumentParser, command
 from mingpt.storage.files import CACHE_DIR_ENV
 from mingpt.tokens.token_file import fingerprint, open_token_file, prepare
+from mingpt.tokens.tokenizer import CHAR, DEFAULT_SAMPLE_MB, DEFAULT_VOCAB_SIZE, TokenizerChoice
 
 
 def summary(path: Path) -> str:
@@ -26,9 +29,17 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--cache-dir", default=None,
                         help=f"folder for token files of remote sources (default: ${CACHE_DIR_ENV} "
                              "or ~/.cache/mingpt-ddp)")
+    parser.add_argument("--tokenizer", default=CHAR,
+                        help="char, bpe (trained on the text), or a byte-level BPE's tokenizer.json "
+                             "(data_config.tokenizer; default char)")
+    parser.add_argument("--bpe-vocab-size", type=int, default=DEFAULT_VOCAB_SIZE,
+                        help=f"data_config.bpe_vocab_size (default {DEFAULT_VOCAB_SIZE})")
+    parser.add_argument("--bpe-sample-mb", type=float, default=DEFAULT_SAMPLE_MB,
+                        help=f"data_config.bpe_sample_mb (default {DEFAULT_SAMPLE_MB:g})")
     args = parser.parse_args(argv)
+    choice = TokenizerChoice.of(args.tokenizer, args.bpe_vocab_size, args.bpe_sample_mb)
     start = time.perf_counter()
-    path, built = prepare(args.path, args.cache_dir)
+    path, built = prepare(args.path, args.cache_dir, choice)
     seconds = time.perf_counter() - start
     if built:
         size = fingerprint(args.path).get("size") or 0

@@ -11,7 +11,7 @@ global order, exactly as the unbroken run at the same world size.
 """
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -130,7 +130,7 @@ class TrainerConfig:
 
 class Trainer:
     def __init__(self, config: TrainerConfig, model: nn.Module, optimizer_config: OptimizerConfig,
-                 train_dataset: Dataset, test_dataset: Optional[Dataset], vocab: list[str], env: DistEnv):
+                 train_dataset: Dataset, test_dataset: Optional[Dataset], vocab: Sequence[str], env: DistEnv):
         self.config, self.optimizer_config, self.env, self.vocab = config, optimizer_config, env, vocab
         self.block_size = model.config.block_size
         self._place(model)

@@ -38,6 +38,36 @@ def make_text(n_chars: int, seed: int = 0) -> str:
 
 
 
+def make_gpt2_folder(folder: Path, text: str, tied: bool = True, **config) -> Path:
+    """A tiny random GPT-2 model folder as save_pretrained writes it (transformers builds the model
+    from a config: nothing is downloaded), with a byte-level BPE of 300 tokens trained on text. Its
+    biases and LayerNorms are random too, so that a dropped one changes the logits."""
+    import transformers
+
+    from mingpt.tokens.tokenizer import train_bpe
+
+    settings = dict(vocab_size=300, n_positions=64, n_embd=32, n_layer=2, n_head=2, bos_token_id=None,
+                    eos_token_id=None, activation_function="gelu_new", tie_word_embeddings=tied)
+    settings.update(config)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**settings))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    model.save_pretrained(folder)
+    train_bpe(iter([text]), vocab_size=settings["vocab_size"]).save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def gpt2_logits(folder: Path, ids: torch.Tensor) -> torch.Tensor:
+    """What transformers' GPT2LMHeadModel of the folder gives for ids (eval mode, fp32)."""
+    import transformers
+
+    model = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
+    with torch.no_grad():
+        return model(ids).logits
+
+
 def tiny_overrides(text_file: Path, snapshot: Path, **extra) -> list[str]:
     """Hydra overrides for a run of a few seconds: tiny model, small batches, fp32."""
     settings = {

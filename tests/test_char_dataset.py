@@ -89,6 +89,10 @@ def test_split_that_leaves_a_side_empty_is_refused():
     (dict(block_size=0), "data_config.block_size"),
     (dict(truncate=0.0), "data_config.truncate"),
     (dict(split="shuffled"), "data_config.split"),
+    (dict(bpe_vocab_size=256), "data_config.bpe_vocab_size"),  # the byte tokens alone: no merge
+    (dict(bpe_vocab_size=2**32 + 1), "data_config.bpe_vocab_size"),  # more than uint32 ids hold
+    (dict(tokenizer=""), "data_config.tokenizer"),
+    (dict(bpe_sample_mb=0), "data_config.bpe_sample_mb"),
 ])
 def test_bad_data_configs_name_the_key(overrides, key):
     with pytest.raises(ConfigError) as error:
@@ -112,6 +116,21 @@ def test_truncating_keeps_the_leading_text_and_its_own_vocabulary(tmp_path):
     x, _ = ds[torch.tensor([0])]
     assert ds.decode(x[0]) == "abababab" and int(x.max()) == 1
     assert corpus(path).vocab == ["a", "b", "x", "y", "z"]
+
+
+def test_a_bpe_corpus_keeps_its_tokenizers_vocabulary_whatever_is_truncated(tmp_path):
+    """The tokens are the tokenizer's ids (its vocabulary, even of a share without some of them);
+    a window decodes to its text."""
+    path = tmp_path / "t.txt"
+    path.write_text(make_text(8000))
+    whole = corpus(path, tokenizer="bpe", bpe_vocab_size=300)
+    assert not whole.vocabulary.is_char and whole.vocab_size == 300 and whole.unit == "tokens"
+    part = corpus(path, tokenizer="bpe", bpe_vocab_size=300, truncate=0.01)
+    assert len(np.unique(part.ids)) < 100 and part.vocabulary == whole.vocabulary  # few tokens, all kept
+    positions = np.arange(part.num_chars)
+    assert torch.equal(part.token_ids(positions), whole.token_ids(positions))  # ids as they are
+    first = whole.decode(whole.windows(torch.tensor([0]))[0])
+    assert path.read_text().startswith(first) and len(whole.encode(first)) == whole.block_size + 1
 
 
 @pytest.mark.parametrize("content, message", [

@@ -1,13 +1,15 @@
 """export_hf.py: a snapshot as a Hugging Face GPT-2 folder that transformers loads with the same logits."""
+import json
 import sys
 
 import pytest
 import torch
-from helpers import MINGPT, run
+from helpers import MINGPT, assert_ok, make_gpt2_folder, make_text, run, run_main_in_process, tiny_overrides
 
 from mingpt import export_hf
 from mingpt.generate import build_model
 from mingpt.storage.snapshot import read_snapshot
+from mingpt.tokens.tokenizer import Vocabulary
 
 transformers = pytest.importorskip("transformers")
 
@@ -82,3 +84,35 @@ def test_no_snapshot_there_is_one_line_and_nothing_written(tmp_path, capsys, whe
         f"error: no snapshot at {tmp_path / where}: give a snapshot file, a folder of them or a "
         "sharded_<step> folder"]
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+
+
+RUNS = {  # the snapshot of a 3-step run of each kind (the characters' single file: tiny_epoch's)
+    "characters, sharded": dict(trainer_config__snapshot_format="sharded"),
+    "bpe, single file": dict(data_config__tokenizer="bpe", data_config__bpe_vocab_size=300),
+    "from a gpt-2 folder (bpe, gelu_tanh), sharded": dict(trainer_config__snapshot_format="sharded"),
+}
+
+
+@pytest.mark.parametrize("kind", RUNS)
+def test_bpe_and_sharded_snapshots_export_with_their_tokenizer_and_activation(text_file, tmp_path, capsys,
+                                                                               kind):
+    settings = dict(RUNS[kind], trainer_config__max_steps=3)
+    if "gpt-2" in kind:
+        settings["gpt_config__init_from"] = make_gpt2_folder(tmp_path / "gpt2", make_text(20000))
+    snapshots = tmp_path / ("snap.pt" if "single" in kind else "snaps")
+    assert_ok(run_main_in_process(tiny_overrides(text_file, snapshots, **settings), capsys))
+    source = snapshots if "single" in kind else snapshots / "sharded_000000003"
+    export_hf.main([str(source), str(tmp_path / "out")])
+    snapshot = export_hf.read_any(str(source))
+    ours = build_model(snapshot, str(source), torch.device("cpu"))
+    theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "out").eval()
+    ids = torch.arange(2 * 16).view(2, 16) * 5 % len(snapshot.vocab)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(ids).logits, ours(ids)[0], rtol=0, atol=1e-5)
+    activation = json.loads((tmp_path / "out" / "config.json").read_text())["activation_function"]
+    assert activation == ("gelu_new" if "gelu_tanh" in kind else "gelu")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    text = "The king shall speak.\n"
+    if "bpe" in kind:
+        assert tokenizer(text)["input_ids"] == Vocabulary.from_json(snapshot.tokenizer).encode(text)
+    assert tokenizer.decode(tokenizer(text)["input_ids"]) == text

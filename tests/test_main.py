@@ -15,6 +15,7 @@ from helpers import (
     REPO,
     RunsCode,
     assert_ok,
+    final_state,
     losses,
     one_error_line,
     run_main,
@@ -23,6 +24,9 @@ from helpers import (
     tiny_overrides,
 )
 
+from state_equality import assert_same_state
+
+from mingpt import generate
 from mingpt.storage.snapshot import read_snapshot
 
 
@@ -301,3 +305,31 @@ def test_snapshot_that_does_not_fit_is_refused_in_one_line_and_untouched(text_fi
     assert line.startswith(f"error: snapshot {snapshot} ") and message in line
     assert "Epoch 2 |" not in result.stdout
     assert sha256(snapshot) == before
+
+
+def test_a_bpe_run_resumes_bit_for_bit_and_its_snapshot_speaks(text_file, tmp_path, capsys, one_torch_thread):
+    """One process (2 ranks: tests/end_to_end/test_tokens_and_gpt2.py): 6 steps unbroken, and from
+    the step-3 snapshot alone, end alike; generate.py decodes the BPE model's tokens; the same
+    snapshot with the characters' vocabulary is refused, untouched."""
+    bpe = dict(data_config__tokenizer="bpe", data_config__bpe_vocab_size=300, trainer_config__max_steps=6,
+               trainer_config__save_every_steps=3)
+    unbroken = run_main_in_process(tiny_overrides(text_file, tmp_path / "a", **bpe), capsys)
+    assert_ok(unbroken)
+    assert "tokens, of a BPE vocabulary of 300." in unbroken.stdout
+    (tmp_path / "b").mkdir()
+    shutil.copy(tmp_path / "a" / "snapshot_000000003.pt", tmp_path / "b")
+    resumed = run_main_in_process(tiny_overrides(text_file, tmp_path / "b", **bpe), capsys)
+    assert_ok(resumed)
+    assert "Resuming training from snapshot at Epoch 0 (step 3" in resumed.stdout
+    last = [folder / "snapshot_000000006.pt" for folder in (tmp_path / "a", tmp_path / "b")]
+    assert_same_state(final_state(last[1]), final_state(last[0]))
+
+    generate.main(["--snapshot", str(last[0]), "--prompt", "The king", "--length", "20", "--device", "cpu"])
+    written = capsys.readouterr().out
+    assert written.startswith("The king") and len(written) > len("The king") + 10
+
+    before = sha256(last[1])
+    characters = tiny_overrides(text_file, tmp_path / "b", trainer_config__max_steps=9)
+    as_characters = run_main_in_process(characters, capsys)
+    assert "is of another model: vocab_size=300 (config: 37)" in one_error_line(as_characters)
+    assert sha256(last[1]) == before

@@ -170,11 +170,28 @@ def test_presets_fill_the_sizes():
     (dict(n_layer=0), "gpt_config.n_layer"),
     (dict(n_layer=None), "gpt_config.n_layer"),
     (dict(attn_pdrop=1.0), "gpt_config.attn_pdrop"),
+    (dict(activation="relu"), "gpt_config.activation"),
+    (dict(init_from=""), "gpt_config.init_from"),
 ])
 def test_bad_model_configs_name_the_key(settings, key):
     with pytest.raises(ConfigError) as error:
         GPTConfig(**settings)
     assert error.value.key == key
+
+
+def test_the_activation_is_the_exact_gelu_or_gpt2s_tanh_approximation():
+    x = torch.linspace(-4, 4, 101)
+    for activation, approximate in (("gelu", "none"), ("gelu_tanh", "tanh")):
+        mlp = tiny_gpt(activation=activation).blocks[0].mlp
+        torch.testing.assert_close(mlp.gelu(x), F.gelu(x, approximate=approximate), rtol=0, atol=0)
+    assert (F.gelu(x) - F.gelu(x, approximate="tanh")).abs().max() > 1e-4  # the choice matters
+
+
+def test_an_initial_value_may_be_asked_for_a_few_rows():
+    """What a rank holding a shard asks for: those rows of the value the whole model would have."""
+    model = tiny_gpt()
+    for name in ("tok_emb.weight", "blocks.1.mlp.fc.bias", "ln_f.weight"):
+        assert torch.equal(model.initial_value(name, slice(3, 7)), model.initial_value(name)[3:7])
 
 
 def test_bad_optimizer_config_names_the_key():

@@ -43,7 +43,7 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mingpt.distributed.cpu_collectives import overlap_and_reuse
@@ -177,21 +177,37 @@ def materialize(model: nn.Module, device: torch.device) -> None:
     """Allocate a meta-built model's parameters on device and fill each with its initial value
     (model.initial_value), one parameter at a time.
 
-    A sharded parameter (FSDP's DTensor) gets this rank's shard only: the full value is made, cut
-    locally (distribute_tensor with src_data_rank=None splits as FSDP does, torch.chunk along dim
-    0, and communicates nothing) and dropped, so a rank's peak is its shards plus one parameter.
-    Parameters only: to_empty would leave buffers uninitialised, and the GPT has none.
+    A sharded parameter (FSDP's DTensor) gets this rank's shard only: the rows it holds
+    (local_rows) are asked for, so a rank's peak is its shards plus one parameter (a random one
+    is drawn whole, then cut; a pretrained model's rows are read alone). Parameters only: to_empty
+    would leave buffers uninitialised, and the GPT has none.
     """
     if any(True for _ in model.buffers()):
         raise ValueError("materialize() fills parameters only, and this model has buffers")
     model.to_empty(device=device)
     for name, param in model.named_parameters():
-        full = model.initial_value(name)
         if isinstance(param, DTensor):
-            shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
-            param.to_local().copy_(shard.to_local())
+            param.to_local().copy_(model.initial_value(name, local_rows(param)))
         else:
-            param.copy_(full)
+            param.copy_(model.initial_value(name))
+
+
+def local_rows(param: DTensor) -> slice:
+    """The rows (dim 0) of the full parameter this rank's shard holds. FSDP2 shards dim 0 as
+    torch.chunk does (chunks of ceil(rows / ranks), the last ones shorter or empty), over one mesh
+    dimension (fsdp) or the shard dimension of a 2-D mesh (hsdp, replicated along the other)."""
+    first, length = 0, param.shape[0]
+    for dim, placement in enumerate(param.placements):
+        if placement.is_replicate():
+            continue
+        if not (placement.is_shard() and placement.dim == 0):
+            raise ValueError(f"materialize() fills shards of dim 0 only, not {placement}")
+        chunk = -(-length // param.device_mesh.size(dim))
+        skipped = min(chunk * param.device_mesh.get_local_rank(dim), length)
+        first, length = first + skipped, min(chunk, length - skipped)
+    if length != param.to_local().shape[0]:
+        raise ValueError(f"a shard of {length} rows where FSDP holds {param.to_local().shape[0]}")
+    return slice(first, first + length)
 
 
 def computes_in_precision(model: nn.Module) -> bool:

@@ -13,7 +13,7 @@ replays the unbroken run exactly.
 """
 import contextlib
 from dataclasses import asdict, dataclass, replace
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -28,6 +28,7 @@ from mingpt.storage.files import check_writable
 from mingpt.storage.sharded_store import ShardedSnapshotStore
 from mingpt.storage.snapshot import Progress, Snapshot
 from mingpt.storage.store import FullStateStore, SnapshotStore
+from mingpt.tokens.tokenizer import Vocabulary
 
 SNAPSHOT_FORMATS = ("single", "sharded")
 
@@ -84,10 +85,11 @@ def set_rng_states(state: dict[str, Optional[torch.Tensor]], device: torch.devic
 class Checkpointer:
     """Snapshots of one run, on every rank (each takes part in every save and restore)."""
 
-    def __init__(self, policy: SnapshotPolicy, env: DistEnv, vocab: list[str]):
+    def __init__(self, policy: SnapshotPolicy, env: DistEnv, vocab: Sequence[str]):
         self.policy = policy
         self.env = env
-        self.vocab = vocab
+        self.vocab = Vocabulary.of(vocab)
+        """What the snapshots keep to decode the model's output (a Vocabulary; a list: characters)."""
         self.store = open_snapshot_store(policy, env)
         self.saves = BackgroundSaves(env.device)
         """The snapshot writer of async_snapshots."""
@@ -138,7 +140,8 @@ class Checkpointer:
             **asdict(progress),
             scaler_state=scaler.state_dict(),
             rng_states=all_gather_objects(capture_rng(self.env.device)),
-            vocab=self.vocab,
+            vocab=self.vocab.tokens,
+            tokenizer=self.vocab.tokenizer,
             model_config=asdict(unwrap(model).config),
         )
         if self.policy.async_snapshots:
@@ -184,7 +187,8 @@ class Checkpointer:
                scaler: torch.amp.GradScaler) -> Progress:
         """Restore the newest snapshot, if any, into the model, optimizer and scaler; return where
         training stands (the start, without one)."""
-        snapshot, _ = self.store.restore(model, optimizer, asdict(unwrap(model).config), self.vocab)
+        snapshot, _ = self.store.restore(model, optimizer, asdict(unwrap(model).config), self.vocab.tokens,
+                                         self.vocab.tokenizer)
         if snapshot is None:
             log.info("Snapshot not found. Training model from scratch")
             return Progress(world_size=self.env.world_size)

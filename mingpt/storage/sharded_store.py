@@ -2,9 +2,9 @@
 
 Every rank writes its own shard of the model and optimizer state with torch.distributed.checkpoint
 (DCP) into a folder per save, `<snapshot_path>/sharded_<step>/`, local or any fsspec URL. Global
-rank 0 writes `info.pt` (progress, RNG states, vocabulary, model config) last: a folder without it
-is an interrupted save and is ignored. The newest `keep_last` folders are kept. DCP reshards on
-load, so a sharded snapshot resumes at any world size and with either method.
+rank 0 writes `info.pt` (progress, RNG states, vocabulary and tokenizer, model config) last: a
+folder without it is an interrupted save and is ignored. The newest `keep_last` folders are kept.
+DCP reshards on load, so a sharded snapshot resumes at any world size and with either method.
 
 Loading stays tensors-only: DCP's `.metadata` is a pickle, so it is read with an unpickler that
 accepts only DCP's own metadata classes and refuses any entry that is not a tensor.
@@ -215,14 +215,14 @@ class ShardedSnapshotStore:
             files.keep_newest(self._entries(), self.keep_last)
 
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, model_config: dict,
-                vocab: list[str]) -> tuple[Optional[Snapshot], Optional[str]]:
+                vocab: list[str], tokenizer: str = "") -> tuple[Optional[Snapshot], Optional[str]]:
         """Load the newest complete snapshot into this rank's shards; return its info and path."""
         entries = self._entries()
         if not entries:
             return None, None
         folder = entries[-1]
         info = read_snapshot(f"{folder}/{_INFO}")
-        info.check_matches(model_config, vocab, folder)
+        info.check_matches(model_config, vocab, folder, tokenizer)
         tensors, _ = _sharded_state(model, optimizer)
         try:
             with _quiet_dcp():

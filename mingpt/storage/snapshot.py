@@ -5,8 +5,8 @@
   previous snapshot intact and never leaves a partial file under a snapshot's name.
 - Safe: loaded with weights_only=True, so a snapshot can hold tensors and plain values but cannot
   run code.
-- Self-describing: the vocabulary and model config travel with the weights, so a snapshot alone
-  can rebuild its model and decode its output.
+- Self-describing: the vocabulary (and a BPE's tokenizer) and the model config travel with the
+  weights, so a snapshot alone can rebuild its model and decode its output.
 - Exact: the training position (epoch, batch within it, step) and every rank's RNG state, so a
   resumed run continues with the next unseen batch and the same dropout masks.
 
@@ -79,9 +79,12 @@ class Snapshot(Progress):
     rng_states: list[dict[str, Optional[torch.Tensor]]] = field(default_factory=list)
     """Per rank: the CPU and (when used) CUDA generator states when the snapshot was taken."""
     vocab: list[str] = field(default_factory=list)
-    """Characters in token-id order."""
+    """The tokens in id order: characters, or a BPE's tokens."""
     model_config: dict[str, Any] = field(default_factory=dict)
     """The GPTConfig fields the model was built with."""
+    tokenizer: str = ""
+    """A BPE model's tokenizer.json (tokens/tokenizer.py); empty for characters (and in snapshots
+    written before BPE)."""
 
     @property
     def progress(self) -> Progress:
@@ -92,15 +95,18 @@ class Snapshot(Progress):
         tensor, a second copy of the whole state made during every save."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    def check_matches(self, model_config: dict[str, Any], vocab: list[str], path: str) -> None:
-        """Refuse a snapshot of another model shape or vocabulary, naming what differs."""
-        shape_keys = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size")
-        differ = [f"{k}={self.model_config.get(k)} (config: {model_config[k]})"
-                  for k in shape_keys if self.model_config.get(k) != model_config[k]]
+    def check_matches(self, model_config: dict[str, Any], vocab: list[str], path: str, tokenizer: str = ""
+                      ) -> None:
+        """Refuse a snapshot of another model shape, activation or vocabulary, naming what differs."""
+        shape_keys = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size", "activation")
+        older = {"activation": "gelu"}  # what a snapshot of before the key had
+        ours, theirs = ({k: config.get(k, older.get(k)) for k in shape_keys}
+                        for config in (self.model_config, model_config))
+        differ = [f"{k}={ours[k]} (config: {theirs[k]})" for k in shape_keys if ours[k] != theirs[k]]
         if differ:
             raise SnapshotError(f"snapshot {path} is of another model: {', '.join(differ)}; set "
                                 "trainer_config.snapshot_path to a new location or match the model config")
-        if self.vocab != vocab:
+        if self.vocab != vocab or self.tokenizer != tokenizer:
             raise SnapshotError(f"snapshot {path} was trained on another vocabulary; set "
                                 "trainer_config.snapshot_path to a new location or use the snapshot's data")
 

@@ -35,7 +35,7 @@ class SnapshotStore(Protocol):
         returns the write, to run now or in the background."""
 
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, model_config: dict[str, Any],
-                vocab: list[str]) -> tuple[Optional[Snapshot], Optional[str]]:
+                vocab: list[str], tokenizer: str = "") -> tuple[Optional[Snapshot], Optional[str]]:
         """Load the newest snapshot, if any, into this rank's model and optimizer: its info and path."""
 
 
@@ -77,12 +77,12 @@ class FullStateStore:
             files.keep_newest(list_entries(self.path), self.keep_last)
 
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, model_config: dict[str, Any],
-                vocab: list[str]) -> tuple[Optional[Snapshot], Optional[str]]:
+                vocab: list[str], tokenizer: str = "") -> tuple[Optional[Snapshot], Optional[str]]:
         """Load the newest snapshot, if any, into this rank's model and optimizer."""
         snapshot, path = newest_snapshot(self.path)
         if snapshot is None:
             return None, None
-        snapshot.check_matches(model_config, vocab, path)
+        snapshot.check_matches(model_config, vocab, path, tokenizer)
         try:
             check_tensors_fit(unwrap(model), snapshot)
             restore_full_state(model, optimizer, snapshot.model_state, snapshot.optimizer_state)

@@ -2,39 +2,62 @@
 
 Reading and encoding the whole text on every rank costs each of them the text's size several times
 over in RAM. Instead one process per machine streams the text (a local path or any fsspec URL) into
-a file of character ids, and every rank maps that file read-only: the pages are shared, and a
-corpus larger than memory still trains.
+a file of token ids, and every rank maps that file read-only: the pages are shared, and a corpus
+larger than memory still trains.
+
+The ids are of the text's characters (the original's tokens), or of a byte-level BPE
+(tokenizer.py), whose tokenizer is made (trained on a sample of the text, or read from a
+tokenizer.json) while the file is, and kept in its header. Each kind has a file of its own
+(`input.txt.tokens`, `input.txt.bpe.tokens`); one made with other tokenizer settings is made again.
 
 Made by `python mingpt/prepare_data.py PATH` ahead of training, or by training itself when missing.
 
 File format (little-endian):
     MAGIC                       14 bytes, b"MINGPT-TOKENS\\x01"
     header length               4 bytes, unsigned
-    header                      JSON: version, vocab, dtype, n_tokens, data_offset, crc32,
-                                fingerprint, source
+    header                      JSON: version, tokenizer (the settings that made it), vocab
+                                (characters) or tokenizer_json (a BPE), vocab_size, dtype,
+                                n_tokens, data_offset, crc32, fingerprint, source
     zero padding                up to data_offset, a multiple of ALIGN, so the ids can be mapped
-    ids                         n_tokens ids of `dtype`: the index of each character in vocab
+    ids                         n_tokens ids of `dtype`: each character's index in vocab, or
+                                the BPE's ids
+Version 1 (before BPE) is version 2 of characters without tokenizer and vocab_size: still read.
 """
 import codecs
 import contextlib
+import json
 import fcntl
 import hashlib
-import json
 import os
 import struct
 import tempfile
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterator, Optional
 
 import numpy as np
 
+from tokenizers import Tokenizer
+
 from mingpt.reporting.errors import DataError
 from mingpt.storage import files
+from mingpt.tokens.bpe_encoder import encode_pieces
+from mingpt.tokens.tokenizer import (
+    CHAR,
+    MAX_VOCAB,
+    TokenizerChoice,
+    sample_windows,
+    token_list,
+    train_bpe,
+    window_text,
+)
 
 MAGIC = b"MINGPT-TOKENS\x01"
-VERSION = 1
+VERSION = 2
+VERSIONS = (1, 2)
+CHARACTERS = {"kind": CHAR}
+"""The tokenizer settings of a character token file."""
 ALIGN = 4096
 """The ids start at a multiple of this, so they can be memory-mapped."""
 CHUNK_BYTES = 4 << 20
@@ -54,9 +77,14 @@ class TokenFile:
 
     path: Path
     vocab: list[str]
+    """The tokens in id order: characters, or a BPE's tokens."""
     ids: np.memmap
     n_tokens: int
     fingerprint: dict
+    tokenizer: str = ""
+    """A BPE's tokenizer.json; empty for characters."""
+    settings: dict = field(default_factory=lambda: dict(CHARACTERS))
+    """What made the tokenizer (TokenizerChoice.settings)."""
 
     @property
     def vocab_size(self) -> int:
@@ -70,7 +98,7 @@ def id_dtype(vocab_size: int) -> np.dtype:
     for name in ID_DTYPES:
         if vocab_size <= np.iinfo(name).max + 1:
             return np.dtype(name)
-    raise ValueError(f"a vocabulary of {vocab_size} characters is more than Unicode has")
+    raise ValueError(f"a vocabulary of {vocab_size} tokens is more than uint32 ids hold")
 
 
 def codepoints(text: str) -> np.ndarray:
@@ -164,7 +192,7 @@ def header_bytes(header: dict) -> bytes:
 
 def data_offset_for(header: dict) -> int:
     """Where the ids start: past the longest header this file can have, rounded up to ALIGN."""
-    widest = dict(header, crc32=0xFFFFFFFF, data_offset=1 << 62)
+    widest = dict(header, crc32=0xFFFFFFFF, data_offset=1 << 62, n_tokens=1 << 62)
     return -(-len(header_bytes(widest)) // ALIGN) * ALIGN
 
 
@@ -189,7 +217,7 @@ def read_header(path: Path) -> dict:
     except OSError as e:
         raise DataError(f"cannot read token file {path} ({e}); check its permissions") from None
     try:
-        header = json.loads(body)
+        header = upgraded(json.loads(body))
     except ValueError:
         raise unusable(path, "has a damaged header") from None
     problem = header_problem(header, _PREFIX + len(body), size)
@@ -200,12 +228,11 @@ def read_header(path: Path) -> dict:
 
 def header_problem(header: object, header_end: int, size: int) -> Optional[str]:
     """What is wrong with a parsed header and the file size, or None."""
-    if not isinstance(header, dict) or header.get("version") != VERSION:
+    if not isinstance(header, dict) or header.get("version") not in VERSIONS:
         return f"has an unknown format (expected version {VERSION})"
-    vocab, dtype = header.get("vocab"), header.get("dtype")
-    vocab_ok = isinstance(vocab, list) and all(isinstance(ch, str) and len(ch) == 1 for ch in vocab)
-    if not vocab_ok or not 0 < len(vocab) <= N_CODEPOINTS or dtype != id_dtype(len(vocab)).name:
+    if not vocabulary_ok(header):
         return "has a damaged header (vocabulary or id type)"
+    dtype = header["dtype"]
     n_tokens, offset = header.get("n_tokens"), header.get("data_offset")
     numbers_ok = all(isinstance(header.get(k), int) for k in ("n_tokens", "data_offset", "crc32"))
     if not numbers_ok or n_tokens <= 0 or offset < header_end or offset % ALIGN or \
@@ -215,6 +242,27 @@ def header_problem(header: object, header_end: int, size: int) -> Optional[str]:
     if size != expected:
         return f"is {size:,} bytes where its header says {expected:,} (truncated or damaged)"
     return None
+
+
+def upgraded(header: object) -> object:
+    """A version 1 header as version 2 has it: characters, and their number."""
+    if isinstance(header, dict) and header.get("version") == 1 and isinstance(header.get("vocab"), list):
+        return dict(header, tokenizer=CHARACTERS, vocab_size=len(header["vocab"]))
+    return header
+
+
+def vocabulary_ok(header: dict) -> bool:
+    """Characters, or a BPE's tokenizer, and an id type that holds the vocabulary."""
+    settings, vocab_size, dtype = header.get("tokenizer"), header.get("vocab_size"), header.get("dtype")
+    if not isinstance(settings, dict) or not isinstance(vocab_size, int) or not 0 < vocab_size <= MAX_VOCAB:
+        return False
+    if settings == CHARACTERS:
+        vocab = header.get("vocab")
+        tokens_ok = isinstance(vocab, list) and all(isinstance(ch, str) and len(ch) == 1 for ch in vocab) \
+            and len(vocab) == vocab_size <= N_CODEPOINTS
+    else:
+        tokens_ok = isinstance(header.get("tokenizer_json"), str)
+    return tokens_ok and dtype == id_dtype(vocab_size).name
 
 
 def data_crc32(path: Path, offset: int) -> int:
@@ -233,16 +281,20 @@ def open_token_file(path: Path) -> TokenFile:
     header = read_header(path)
     ids = np.memmap(path, dtype=header["dtype"], mode="r", offset=header["data_offset"],
                     shape=(header["n_tokens"],))
-    return TokenFile(path, header["vocab"], ids, header["n_tokens"], header["fingerprint"])
+    tokenizer = header.get("tokenizer_json", "")
+    vocab = token_list(Tokenizer.from_str(tokenizer)) if tokenizer else header["vocab"]
+    return TokenFile(path, vocab, ids, header["n_tokens"], header["fingerprint"], tokenizer,
+                     header["tokenizer"])
 
 
-def is_up_to_date(path: Path, source_fingerprint: dict) -> bool:
-    """Whether path is a whole, undamaged token file of this version of the source."""
+def is_up_to_date(path: Path, source_fingerprint: dict, settings: dict) -> bool:
+    """Whether path is a whole, undamaged token file of this version of the source, made with
+    these tokenizer settings."""
     try:
         header = read_header(path)
     except DataError:
         return False
-    return header["fingerprint"] == source_fingerprint and \
+    return header["fingerprint"] == source_fingerprint and header["tokenizer"] == settings and \
         data_crc32(path, header["data_offset"]) == header["crc32"]
 
 
@@ -267,16 +319,52 @@ def vocabulary(counts: np.ndarray) -> tuple[list[str], np.ndarray]:
     return [chr(c) for c in vocab_cps.tolist()], lut
 
 
-def build(source: str, path: Path, source_fingerprint: dict) -> None:
-    """Encode source into path in two streaming passes, atomically: a temporary file in the same
-    folder, fsync'ed, then renamed, so path is either absent, the old file or the whole new one."""
+def empty_text(source: str) -> DataError:
+    return DataError(f"data_config.path: {source} is empty; "
+                     "point data_config.path at a non-empty UTF-8 text file")
+
+
+def character_plan(source: str) -> tuple[dict, Iterator[np.ndarray]]:
+    """Pass 1 counts the characters; the header's vocabulary fields, and pass 2, the ids."""
     counts = count_codepoints(source)
     n_tokens = int(counts.sum())
     if n_tokens == 0:
-        raise DataError(f"data_config.path: {source} is empty; "
-                        "point data_config.path at a non-empty UTF-8 text file")
+        raise empty_text(source)
     vocab, lut = vocabulary(counts)
-    header = {"version": VERSION, "vocab": vocab, "dtype": lut.dtype.name, "n_tokens": n_tokens,
+    return {"vocab": vocab, "vocab_size": len(vocab), "dtype": lut.dtype.name, "n_tokens": n_tokens}, \
+        id_chunks(source, lut)
+
+
+def bpe_plan(source: str, choice: TokenizerChoice, size: Optional[int]) -> tuple[dict, Iterator[np.ndarray]]:
+    """The BPE (read, or trained on a sample), and the ids of the text under it, in one pass."""
+    tokenizer_json = choice.file.json if choice.file else train_bpe(
+        bpe_sample(source, size, choice.sample_bytes), choice.vocab_size).to_str()
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    vocab_size = len(token_list(tokenizer))
+    dtype = id_dtype(vocab_size)
+    chunks = encode_pieces(tokenizer, json.loads(tokenizer_json), text_chunks(source), dtype)
+    return {"tokenizer_json": tokenizer_json, "vocab_size": vocab_size, "dtype": dtype.name}, chunks
+
+
+def bpe_sample(source: str, size: Optional[int], sample_bytes: int) -> Iterator[str]:
+    """The text a BPE is trained on: windows spread evenly over it (tokenizer.sample_windows); its
+    first sample_bytes if its size is unknown."""
+    windows = sample_windows(size, sample_bytes) if size is not None else [(0, sample_bytes)]
+    with source_errors(source), files.open_file(source, "rb") as f:
+        for offset, length in windows:
+            f.seek(offset)
+            yield window_text(f.read(length), whole=(offset, length) == (0, size))
+
+
+def build(source: str, path: Path, source_fingerprint: dict, choice: TokenizerChoice = TokenizerChoice()
+          ) -> None:
+    """Encode source into path in streaming passes, atomically: a temporary file in the same
+    folder, fsync'ed, then renamed, so path is either absent, the old file or the whole new one."""
+    if choice.is_char:
+        fields, chunks = character_plan(source)
+    else:
+        fields, chunks = bpe_plan(source, choice, source_fingerprint.get("size"))
+    header = {"version": VERSION, "tokenizer": choice.settings(), **fields,
               "fingerprint": source_fingerprint, "source": source}
     header["data_offset"] = data_offset_for(header)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp")
@@ -284,12 +372,15 @@ def build(source: str, path: Path, source_fingerprint: dict) -> None:
         os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide a shared cache from other users
         with os.fdopen(fd, "wb") as out:
             out.seek(header["data_offset"])
-            n_written, header["crc32"] = write_ids(out, id_chunks(source, lut))
+            n_written, header["crc32"] = write_ids(out, chunks)
+            if n_written == 0:
+                raise empty_text(source)
+            expected = header.setdefault("n_tokens", n_written)
             out.seek(0)
             out.write(header_bytes(header))
             out.flush()
             os.fsync(out.fileno())
-        if n_written != n_tokens or fingerprint(source) != source_fingerprint:
+        if n_written != expected or fingerprint(source) != source_fingerprint:
             raise DataError(f"data_config.path: {source} changed while it was being prepared; "
                             "prepare it again once it no longer changes")
         os.replace(tmp, path)
@@ -334,11 +425,14 @@ def folder_is_writable(folder: Path) -> bool:
     return os.access(folder, os.W_OK)
 
 
-def token_file_for(source: str, cache_dir: Optional[str] = None) -> Path:
+def token_file_for(source: str, cache_dir: Optional[str] = None, choice: TokenizerChoice = TokenizerChoice()
+                   ) -> Path:
     """Where the token file of source lives: beside a local source when its folder is writable,
-    else in the cache folder under a name unique to the source."""
+    else in the cache folder under a name unique to the source; `.tokens` for characters,
+    `.bpe.tokens` for a BPE."""
+    suffix = ".tokens" if choice.is_char else ".bpe.tokens"
     if not files.is_remote(source):
-        beside = Path(files.local_path(source) + ".tokens")
+        beside = Path(files.local_path(source) + suffix)
         if folder_is_writable(beside.parent):
             return beside
         key = str(Path(files.local_path(source)).resolve())
@@ -346,25 +440,27 @@ def token_file_for(source: str, cache_dir: Optional[str] = None) -> Path:
         key = source
     digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
     basename = Path(key.rstrip("/")).name or "text"
-    return files.cache_folder(cache_dir) / f"{basename}-{digest}.tokens"
+    return files.cache_folder(cache_dir) / f"{basename}-{digest}{suffix}"
 
 
-def prepare(source: str, cache_dir: Optional[str] = None) -> tuple[Path, bool]:
+def prepare(source: str, cache_dir: Optional[str] = None, choice: TokenizerChoice = TokenizerChoice()
+            ) -> tuple[Path, bool]:
     """The token file of source, and whether it was (re)built now.
 
     Safe to call from many processes at once: they take turns under a lock, the first builds, the
-    others then find a whole, current file. Any file that is damaged, truncated or older than the
-    source is rebuilt.
+    others then find a whole, current file. Any file that is damaged, truncated, older than the
+    source or made with other tokenizer settings is rebuilt.
     """
     fingerprint(source)  # a missing source fails here, before a lock file is made beside it
-    path = token_file_for(source, cache_dir)
+    settings = choice.settings()  # a bad tokenizer.json too
+    path = token_file_for(source, cache_dir, choice)
     try:
         with locked(path):
             source_fingerprint = fingerprint(source)
-            if is_up_to_date(path, source_fingerprint):
+            if is_up_to_date(path, source_fingerprint, settings):
                 return path, False
             remove_leftovers(path)
-            build(source, path, source_fingerprint)
+            build(source, path, source_fingerprint, choice)
             return path, True
     except OSError as e:  # the source's own errors are DataErrors by now: this is the token file's
         raise DataError(f"cannot write the token file {path} ({e}); "

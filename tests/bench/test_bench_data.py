@@ -1,4 +1,5 @@
-"""bench/bench_data.py on a 1 MB text: every figure it promises is there, for both ranks, and sane."""
+"""bench/bench_data.py on a 1 MB text: every figure it promises is there (BPE preparation too), for both
+ranks, and sane."""
 import json
 import sys
 
@@ -43,7 +44,12 @@ def test_reports_preparation_startup_memory_per_rank_and_loader_speed(tmp_path):
     assert all(r["samples_per_s"] > 0 and r["first_batch_s"] > 0 and r["batch_shape"] == [216, 128]
                for r in loader)
 
-    assert set(figures["verdicts"]) == {"prepare_mb_per_s", "prepare_peak_mb", "startup_s",
-                                        "extra_private_mb_per_rank"}
+    bpe = figures["prepare_bpe"]
+    assert bpe["seconds"] > 0 and bpe["mb_per_s"] > 0 and 10 < bpe["peak_rss_mb"] < 1000
+    assert bpe["output"].startswith("prepared ") and ".bpe.tokens" in bpe["output"]
+    assert 256 < bpe["vocab_size"] <= 8192 and bpe["bytes_per_token"] > 1
+
+    assert set(figures["verdicts"]) == {"prepare_mb_per_s", "prepare_peak_mb", "bpe_prepare_mb_per_s",
+                                        "bpe_prepare_peak_mb", "startup_s", "extra_private_mb_per_rank"}
     assert figures["machine"]["cores"] >= 1
     assert "start-up to the first step" in result.stdout and "USS difference per rank" in result.stdout

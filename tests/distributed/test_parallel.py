@@ -5,6 +5,7 @@ Runs share one schedule: a tiny model, 2 epochs of about 90 steps, a snapshot af
 import json
 import shutil
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,10 +21,11 @@ from helpers import (
 )
 from state_equality import assert_same_state
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
+from torch.distributed.tensor import Replicate, Shard
 from workers.init_probe import FULL_STATE, PLACEMENTS, SEED, TINY, placed
 
 from mingpt.distributed.cpu_collectives import HostBuffers
-from mingpt.distributed.parallel import check_nodes_for_hsdp
+from mingpt.distributed.parallel import check_nodes_for_hsdp, local_rows
 from mingpt.distributed.process_group import DistEnv
 from mingpt.model import GPT
 from mingpt.reporting.errors import ConfigError
@@ -286,3 +288,30 @@ def test_fsdp_start_up_never_holds_the_whole_model(init_probe):
         model = facts["model_bytes"]
         assert model > 20 * facts["largest_parameter_bytes"]
         assert 0.45 * model < facts["peak_rise"] < 0.75 * model, f"rank {rank}: {facts}"
+
+
+class ShardOf:
+    """What local_rows reads of an FSDP2 parameter: its full shape, placements, mesh, local shard."""
+
+    def __init__(self, rows: int, placements: list, mesh_sizes: list[int], coordinates: list[int],
+                 local: int):
+        self.shape, self.placements = (rows, 3), placements
+        self.device_mesh = SimpleNamespace(size=lambda dim: mesh_sizes[dim],
+                                           get_local_rank=lambda dim: coordinates[dim])
+        self.local = torch.empty(local, 3)
+
+    def to_local(self) -> torch.Tensor:
+        return self.local
+
+
+@pytest.mark.parametrize("rows, ranks", [(10, 4), (2, 4), (8, 2), (1, 3)])
+def test_a_shard_holds_the_rows_torch_chunk_gives_its_rank(rows, ranks):
+    """fsdp (one mesh dimension) and hsdp (replicated across 2 nodes, sharded within each): the rows
+    materialize asks the initial values for, uneven and empty shards included."""
+    chunks = list(torch.arange(rows).chunk(ranks)) + [torch.arange(0)] * ranks
+    for rank in range(ranks):
+        expected = chunks[rank].tolist()
+        layouts = [([Shard(0)], [ranks], [rank]), ([Replicate(), Shard(0)], [2, ranks], [1, rank])]
+        for placements, sizes, coordinates in layouts:
+            found = local_rows(ShardOf(rows, placements, sizes, coordinates, len(expected)))
+            assert list(range(rows))[found] == expected

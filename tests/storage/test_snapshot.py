@@ -116,6 +116,10 @@ def test_a_snapshot_of_another_model_or_vocabulary_is_refused():
         saved.check_matches({**config, "n_layer": 3}, list("abc"), "p")
     with pytest.raises(SnapshotError, match="another vocabulary"):
         saved.check_matches(config, list("abd"), "p")
+    with pytest.raises(SnapshotError, match="another vocabulary"):  # the same tokens of another BPE
+        saved.check_matches(config, list("abc"), "p", tokenizer='{"model": {"type": "BPE"}}')
+    with pytest.raises(SnapshotError, match=r"another model: activation=gelu \(config: gelu_tanh\)"):
+        saved.check_matches({**config, "activation": "gelu_tanh"}, list("abc"), "p")  # gelu: before the key
 
 
 @pytest.fixture

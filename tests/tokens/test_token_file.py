@@ -13,6 +13,7 @@ import fsspec
 import numpy as np
 import pytest
 from helpers import make_text
+from tokenizers import Tokenizer
 
 from mingpt.reporting.errors import DataError
 from mingpt.storage.files import CACHE_DIR_ENV
@@ -25,6 +26,7 @@ from mingpt.tokens.token_file import (
     read_header,
     token_file_for,
 )
+from mingpt.tokens.tokenizer import TokenizerChoice
 
 MIXED = "naïve café — ünïcödé ✓ 𝄞 ж中文\n"
 """Characters of 1, 2, 3 and 4 UTF-8 bytes."""
@@ -295,3 +297,54 @@ def test_read_only_folder_sends_a_local_source_to_the_cache(tmp_path, monkeypatc
     assert path.parent == tmp_path / "cache" and re.fullmatch(r"input\.txt-[0-9a-f]{16}\.tokens", path.name)
     assert_matches(path, "read only\n")
     assert sorted(p.name for p in folder.iterdir()) == ["input.txt"]
+
+
+def test_a_bpe_token_file_holds_the_tokenizers_ids_and_the_tokenizer(tmp_path):
+    """Beside the characters' file, a file of its own; its ids are the tokenizer's, streamed."""
+    text = make_text(8000) + MIXED
+    source = write(tmp_path / "input.txt", text)
+    chars, _ = prepare(source)
+    path, built = prepare(source, choice=TokenizerChoice("bpe", vocab_size=300))
+    assert built and path == tmp_path / "input.txt.bpe.tokens" and chars.exists()
+    tokens = open_token_file(path)
+    tokenizer = Tokenizer.from_str(tokens.tokenizer)
+    assert tokens.ids.dtype == np.uint16 and len(tokens.vocab) == 300
+    assert tokens.settings == {"kind": "bpe", "vocab_size": 300, "sample_bytes": 8_000_000, "recipe": 1}
+    assert tokens.ids.tolist() == tokenizer.encode(text, add_special_tokens=False).ids
+    assert tokenizer.decode(tokens.ids.tolist()) == text
+
+
+def test_other_tokenizer_settings_or_another_tokenizer_file_make_the_file_again(tmp_path):
+    source = write(tmp_path / "input.txt", make_text(8000))
+    bpe = TokenizerChoice("bpe", vocab_size=300)
+    path, _ = prepare(source, choice=bpe)
+    assert prepare(source, choice=TokenizerChoice("bpe", vocab_size=300)) == (path, False)
+    assert prepare(source, choice=TokenizerChoice("bpe", vocab_size=290)) == (path, True)
+    given = tmp_path / "tokenizer.json"
+    given.write_text(open_token_file(path).tokenizer)
+    assert prepare(source, choice=TokenizerChoice(str(given))) == (path, True)
+    assert prepare(source, choice=TokenizerChoice(str(given))) == (path, False)
+    given.write_text(json.dumps({**json.loads(given.read_text()), "truncation": None}, indent=1))  # new bytes
+    assert prepare(source, choice=TokenizerChoice(str(given))) == (path, True)
+
+
+def test_a_version_1_file_of_characters_is_read_and_not_made_again(tmp_path):
+    """Token files written before BPE stay usable: same ids, no rebuild of a large corpus."""
+    text = make_text(2000)
+    source = write(tmp_path / "input.txt", text)
+    path, _ = prepare(source)
+    header = read_header(path)
+    old = {k: v for k, v in header.items() if k not in ("tokenizer", "vocab_size")}
+    body = token_file.header_bytes({**old, "version": 1})
+    with open(path, "r+b") as f:
+        f.write(body + b"\0" * (header["data_offset"] - len(body)))
+    assert read_header(path)["tokenizer"] == {"kind": "char"}
+    assert prepare(source) == (path, False)
+    assert_matches(path, text)
+
+
+def test_an_empty_text_is_refused_for_a_bpe_too(tmp_path):
+    source = write(tmp_path / "empty.txt", "")
+    with pytest.raises(DataError, match="is empty"):
+        prepare(source, choice=TokenizerChoice("bpe", vocab_size=300))
+    assert not (tmp_path / "empty.txt.bpe.tokens").exists()
