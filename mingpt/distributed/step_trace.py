@@ -220,7 +220,12 @@ def _trace(key: TraceKey) -> StepTrace:
 def block_parameters(config: GPTConfig) -> int:
     """Parameters of one transformer block."""
     with torch.device("meta"):
-        return sum(p.numel() for p in GPT(replace(config, n_layer=1)).blocks[0].parameters())
+        return sum(p.numel() for p in GPT(with_layers(config, 1)).blocks[0].parameters())
+
+
+def with_layers(config: GPTConfig, n_layer: int) -> GPTConfig:
+    """The config with another depth (a preset's name dropped: its sizes are already filled in)."""
+    return replace(config, model_type=None, n_layer=n_layer)
 
 
 def parameter_dtype(key: TraceKey) -> torch.dtype:
@@ -260,7 +265,7 @@ def _enter_device(stack: ExitStack, device_type: str) -> torch.device:
 def _model(key: TraceKey, layers: int, device: torch.device) -> GPT:
     """The GPT with `layers` blocks on device (fake or meta), in the step's parameter dtype."""
     with torch.device("meta"):
-        model = GPT(replace(key.model, n_layer=layers))
+        model = GPT(with_layers(key.model, layers))
     if device.type != "meta":  # fake tensors of the device's type, made under the fake mode
         for module in model.modules():
             for name, param in list(module.named_parameters(recurse=False)):
