@@ -151,14 +151,15 @@ def run_launch(args, model: str, batch_size: int, peak_flops: float) -> list[dic
     shape = argparse.Namespace(model=model, layers=layers, heads=heads, embd=embd, block_size=args.block_size,
                                batch_size=batch_size)
     flags = ["--layers", layers, "--heads", heads, "--embd", embd, "--block-size", args.block_size,
-             "--batch-size", batch_size, "--steps", args.steps, "--configs", args.configs, "--malloc", args.malloc,
-             "--timing" if args.timing else "--no-timing"]
+             "--batch-size", batch_size, "--steps", args.steps, "--configs", args.configs,
+             "--malloc", args.malloc, "--timing" if args.timing else "--no-timing"]
     result = run_workers(__file__, 2, 1, flags)
     measured = [entry for rank in result["ranks"] for entry in rank]
     rows = [memory_row(shape, text, [entry for entry in measured if entry["config"] == text])
             for text in args.configs.split(",")]
     if args.timing:
-        compute = {entry["config"].split(":")[1]: entry["compute_s"] for entry in measured if entry["compute_s"]}
+        compute = {entry["config"].split(":")[1]: entry["compute_s"]
+                   for entry in measured if entry["compute_s"]}
         for row, text in zip(rows, args.configs.split(",")):
             mine = [entry for entry in measured if entry["config"] == text]
             row.update(timing_fields(shape, row, mine, compute, result["links"], peak_flops))
@@ -168,11 +169,13 @@ def run_launch(args, model: str, batch_size: int, peak_flops: float) -> list[dic
 def memory_row(shape: argparse.Namespace, text: str, mine: list[dict]) -> dict:
     """A configuration's measured peaks (one per rank) beside the planner's estimate."""
     method, checkpointing, ranks = parse_config(text)
-    estimate = estimate_memory(model_config(shape), shape.batch_size, checkpointing, Placement(method, ranks, ranks))
+    placement = Placement(method, ranks, ranks)
+    estimate = estimate_memory(model_config(shape), shape.batch_size, checkpointing, placement)
     peaks = [entry["peak"] for entry in mine]
-    return {"model": shape.model, "batch_size": shape.batch_size, "method": method, "checkpointing": checkpointing,
-            "ranks": ranks, "measured_peaks": peaks, "predicted_peak": estimate.peak,
-            "predicted": dataclasses.asdict(estimate), "errors": [(estimate.peak - peak) / peak for peak in peaks]}
+    return {"model": shape.model, "batch_size": shape.batch_size, "method": method,
+            "checkpointing": checkpointing, "ranks": ranks, "measured_peaks": peaks,
+            "predicted_peak": estimate.peak, "predicted": dataclasses.asdict(estimate),
+            "errors": [(estimate.peak - peak) / peak for peak in peaks]}
 
 
 def timing_fields(shape, row: dict, mine: list[dict], compute: dict, links: dict, peak_flops: float) -> dict:
@@ -181,12 +184,14 @@ def timing_fields(shape, row: dict, mine: list[dict], compute: dict, links: dict
     from mingpt.plan import Setting  # the parent's only: the workers need not import the planner
 
     method, checkpointing, ranks = row["method"], row["checkpointing"], row["ranks"]
-    setting = Setting(model_config(shape), shape.batch_size, 1, True, None, None, method, checkpointing, None, 0.9)
+    setting = Setting(model_config(shape), shape.batch_size, 1, True, None, None, method, checkpointing,
+                      None, 0.9)
     work = setting.work(checkpointing)
     compute_s = compute.get(checkpointing) or min(entry["step_s"] for entry in mine)
     utilization = (work.flops_per_token + work.recompute_flops_per_token) * work.tokens_per_micro_batch / (
         compute_s * peak_flops)
-    cluster = Cluster(1, ranks, 0, peak_flops, utilization, links["bandwidth"], 1.0, links["latency"], 0.0, "cpu")
+    cluster = Cluster(1, ranks, 0, peak_flops, utilization, links["bandwidth"], 1.0, links["latency"], 0.0,
+                      "cpu")
     timing = step_time(method, work, cluster)
     step_s = max(entry["step_s"] for entry in mine)
     return {"utilization": utilization, "measured_step_s": step_s, "predicted_step_s": timing.seconds,
@@ -207,16 +212,19 @@ def report(rows: list[dict]) -> None:
                   f"{100 * row['measured_communication_share']:>5.0f}% "
                   f"{100 * row['predicted_communication_share']:>5.0f}%") if "measured_step_s" in row else ""
         print(f"{row['model']:<12} {row['batch_size']:>5} {row['method']:<6} {row['checkpointing']:<4} "
-              f"{row['ranks']:>5} | {row['predicted_peak'] / 1e6:>12.0f} {measured:>17} {errors:>13} {ok:>5} | "
+              f"{row['ranks']:>5} | {row['predicted_peak'] / 1e6:>12.0f} {measured:>17} {errors:>13} "
+              f"{ok:>5} | "
               f"{timing}")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--models", default="default,gpt2-medium", help=f"comma-separated: {', '.join(MODELS)}")
+    parser.add_argument("--models", default="default,gpt2-medium",
+                        help=f"comma-separated: {', '.join(MODELS)}")
     parser.add_argument("--batch-sizes", default=None, help="comma-separated (default: two per model)")
-    parser.add_argument("--configs", default=",".join(CONFIGS), help="method:checkpointing:ranks, comma-separated")
+    parser.add_argument("--configs", default=",".join(CONFIGS),
+                        help="method:checkpointing:ranks, comma-separated")
     parser.add_argument("--block-size", type=int, default=128)
     parser.add_argument("--steps", type=int, default=3, help="training steps per configuration (2 or more)")
     parser.add_argument("--malloc", choices=("fixed", "default"), default="fixed",
@@ -239,7 +247,8 @@ def main(argv=None) -> None:
     peak_flops = max(matmul_flops_by_size(torch.float32).values()) if args.timing else 0.0
     rows = []
     for model in args.models.split(","):
-        batch_sizes = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else BATCH_SIZES[model]
+        given = args.batch_sizes
+        batch_sizes = [int(b) for b in given.split(",")] if given else BATCH_SIZES[model]
         for batch_size in batch_sizes:
             rows += run_launch(args, model, batch_size, peak_flops)
             report(rows[-len(args.configs.split(",")):])

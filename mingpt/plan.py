@@ -210,7 +210,8 @@ def table(rows: list[Row], setting: Setting) -> str:
             setting.configured_method, setting.configured_checkpointing, False) else ""
         lines.append(
             f"{row.method:<6} {row.checkpointing:<4} {'yes' if row.cpu_offload else 'no':<7} | "
-            f"{_gb(m.parameters)} {_gb(m.gradients)} {_gb(m.optimizer)} {_gb(m.activations)} {_gb(m.buffers)} | "
+            f"{_gb(m.parameters)} {_gb(m.gradients)} {_gb(m.optimizer)} {_gb(m.activations)} "
+            f"{_gb(m.buffers)} | "
             f"{_gb(m.peak)} {'yes' if row.fits else 'NO':<4} | {_gb(t.traffic.intra_bytes)} "
             f"{_gb(t.traffic.inter_bytes)} {t.traffic.seconds:>7.3f} | {t.compute:>7.3f} {t.exposed:>7.3f} "
             f"{t.seconds:>7.3f} | {row.tokens_per_s:>10,.0f} {100 * t.efficiency:>4.0f}%{mark}")
@@ -268,7 +269,8 @@ def _in_words(row: Row, steps: int) -> str:
 def _headline(row: Row, steps: int, reached: Row, setting: Setting) -> str:
     memory = setting.cluster.memory
     return (f"Recommended: {_in_words(row, steps)}: {gb(reached.memory.peak)} of {gb(memory)} per device, "
-            f"{reached.tokens_per_s:,.0f} tokens/s, scaling efficiency {100 * reached.timing.efficiency:.0f}% "
+            f"{reached.tokens_per_s:,.0f} tokens/s, "
+            f"scaling efficiency {100 * reached.timing.efficiency:.0f}% "
             f"(target {100 * setting.efficiency:.0f}%), {setting.tokens_per_step(steps):,} tokens per step.")
 
 
@@ -300,7 +302,8 @@ def _why_not(row: Row, best: Row, setting: Setting) -> str:
              f"{best.tokens_per_s:,.0f} at grad_accum_steps={setting.grad_accum_steps}")
     if row.tokens_per_s < (1 - CLOSE_ENOUGH) * best.tokens_per_s:
         return f"{row.method} fits ({gb(row.memory.peak)}) but is slower: {speed}."
-    return f"{row.method} fits ({gb(row.memory.peak)}) and is about as fast ({speed}); {best.method} is simpler."
+    return (f"{row.method} fits ({gb(row.memory.peak)}) and is about as fast ({speed}); "
+            f"{best.method} is simpler.")
 
 
 def _checkpointing_reason(best: Row, other: Row, setting: Setting) -> str:
@@ -308,9 +311,9 @@ def _checkpointing_reason(best: Row, other: Row, setting: Setting) -> str:
         return (f"activation checkpointing is needed: without it {best.method} holds "
                 f"{gb(other.memory.activations)} of activations, {gb(other.memory.peak)} in all; with it "
                 f"{gb(best.memory.activations)}, for a third more block compute.")
-    return (f"activation checkpointing is not needed: it would cut activations from {gb(best.memory.activations)} "
-            f"to {gb(other.memory.activations)} at the cost of a third more block compute "
-            f"({other.tokens_per_s:,.0f} tokens/s).")
+    return (f"activation checkpointing is not needed: it would cut activations from "
+            f"{gb(best.memory.activations)} to {gb(other.memory.activations)} at the cost of a third more "
+            f"block compute ({other.tokens_per_s:,.0f} tokens/s).")
 
 
 def _communication_reason(best: Row, setting: Setting) -> str:
@@ -340,7 +343,8 @@ def _nothing_fits(rows: list[Row], setting: Setting) -> list[str]:
     largest = largest_batch(setting.model, smallest.checkpointing, placement, fits_in(setting.cluster.memory),
                             below=setting.batch_size)
     fix = (f"trainer_config.batch_size={largest} fits with {_in_words(smallest, setting.grad_accum_steps)}"
-           if largest else "no batch size fits: use more devices, devices with more memory, or a smaller model")
+           if largest else "no batch size fits: use more devices, devices with more memory, or a smaller "
+           "model")
     return [f"Nothing fits in {gb(setting.cluster.memory)} per device at batch_size={setting.batch_size}: "
             f"the smallest is {smallest.method} with activation_checkpointing={smallest.checkpointing}"
             f"{' and cpu_offload' if smallest.cpu_offload else ''}, {gb(smallest.memory.peak)}. {fix}."]
@@ -363,7 +367,8 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace, li
                         help="Gbit/s a node sends to other nodes, each way, all its network cards")
     parser.add_argument("--intra-latency-us", type=float, default=defaults.intra_latency_us)
     parser.add_argument("--inter-latency-us", type=float, default=defaults.inter_latency_us)
-    parser.add_argument("--mfu", type=float, default=defaults.mfu, help="share of the peak the compute reaches")
+    parser.add_argument("--mfu", type=float, default=defaults.mfu,
+                        help="share of the peak the compute reaches")
     parser.add_argument("--efficiency", type=float, default=defaults.efficiency,
                         help="scaling efficiency the recommended gradient accumulation must reach")
     parser.add_argument("--vocab-size", type=int, help="the data's vocabulary size (default: read the data)")
@@ -418,9 +423,10 @@ def build_cluster(options: ClusterOptions, dtype: Optional[torch.dtype]) -> Clus
         memory = int(peaks.memory_gb * 1e9)
     if not cpu:
         memory -= GPU_RESERVE
-    return Cluster(options.nodes, options.gpus_per_node, memory, peak, options.mfu, options.intra_gbps * 1e9 / 8,
-                   options.inter_gbps * 1e9 / 8, options.intra_latency_us * 1e-6, options.inter_latency_us * 1e-6,
-                   "cpu" if cpu else "cuda")
+    gbit = 1e9 / 8  # bytes/s
+    return Cluster(options.nodes, options.gpus_per_node, memory, peak, options.mfu, options.intra_gbps * gbit,
+                   options.inter_gbps * gbit, options.intra_latency_us * 1e-6,
+                   options.inter_latency_us * 1e-6, "cpu" if cpu else "cuda")
 
 
 def vocab_size_of(config, given: Optional[int]) -> int:
@@ -449,11 +455,13 @@ def describe(setting: Setting) -> str:
     precision = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[setting.compute_dtype]
     params = model_sizes(model).total
     return (f"Plan: GPT {params / 1e6:.1f}M parameters ({model.n_layer} layers, {model.n_embd} wide, block "
-            f"{model.block_size}, vocabulary {model.vocab_size}), {precision}, batch_size={setting.batch_size} x "
+            f"{model.block_size}, vocabulary {model.vocab_size}), {precision}, "
+            f"batch_size={setting.batch_size} x "
             f"{setting.grad_accum_steps} per device; {cluster.nodes} node(s) x {cluster.ranks_per_node} "
             f"{'CPU rank' if cluster.device_type == 'cpu' else 'GPU'}(s), {gb(cluster.memory)} usable each, "
             f"{cluster.peak_flops / 1e12:.1f} TFLOP/s peak at {100 * cluster.utilization:.0f}% utilisation, "
-            f"{cluster.intra_bandwidth * 8 / 1e9:,.0f} Gb/s within and {cluster.inter_bandwidth * 8 / 1e9:,.0f} "
+            f"{cluster.intra_bandwidth * 8 / 1e9:,.0f} Gb/s within and "
+            f"{cluster.inter_bandwidth * 8 / 1e9:,.0f} "
             f"Gb/s across nodes. Memory in GB per device; intra/inter: GB moved per step and device.")
 
 

@@ -88,7 +88,8 @@ class MemoryEstimate:
 
     def describe(self) -> str:
         parts = (("parameters", self.parameters), ("gradients", self.gradients),
-                 ("AdamW state", self.optimizer), ("activations", self.activations), ("buffers", self.buffers))
+                 ("AdamW state", self.optimizer), ("activations", self.activations),
+                 ("buffers", self.buffers))
         return ", ".join(f"{name} {gb(size)}" for name, size in parts)
 
 
@@ -117,7 +118,8 @@ def _sizes(n_layer: int, n_head: int, n_embd: int, vocab_size: int, block_size: 
     return ModelSizes(total, block_parameters(config), n_layer)
 
 
-def estimate_memory(config: GPTConfig, batch_size: int, checkpointing: str, placement: Placement) -> MemoryEstimate:
+def estimate_memory(config: GPTConfig, batch_size: int, checkpointing: str,
+                    placement: Placement) -> MemoryEstimate:
     """What one rank holds at the peak of a step of this model (vocab_size and block_size set)."""
     casts_parameters = placement.sharded and placement.compute_dtype is not None  # FSDP's policy
     trace = trace_step(TraceKey(config, placement.device_type, placement.compute_dtype, casts_parameters,
@@ -231,7 +233,8 @@ class MemoryPlan:
 
     def describe(self) -> str:
         estimate = self.estimate
-        machine = f", {gb(self.needed)} for the {self.sharers} ranks on this machine" if self.sharers > 1 else ""
+        machine = (f", {gb(self.needed)} for the {self.sharers} ranks on this machine"
+                   if self.sharers > 1 else "")
         host = f", and {gb(estimate.host)} of host memory" if estimate.host else ""
         free = "unknown" if self.available is None else gb(self.available)
         return (f"about {gb(estimate.peak)} per rank at the peak of a step of batch_size={self.batch_size} "
@@ -254,11 +257,13 @@ def suggest(config: GPTConfig, batch_size: int, checkpointing: str, placement: P
     changes = []
     candidates = [(placement, "full")]
     if placement.method == "ddp" and placement.world_size > 1:
-        candidates += [(replace(placement, method="fsdp"), checkpointing), (replace(placement, method="fsdp"), "full")]
+        sharded = replace(placement, method="fsdp")
+        candidates += [(sharded, checkpointing), (sharded, "full")]
     if placement.sharded and placement.device_type != "cpu" and not placement.cpu_offload:
         candidates += [(replace(placement, cpu_offload=True), "full")]
     for option, mode in candidates:
-        if (option, mode) != (placement, checkpointing) and fits(estimate_memory(config, batch_size, mode, option)):
+        same = (option, mode) == (placement, checkpointing)
+        if not same and fits(estimate_memory(config, batch_size, mode, option)):
             changes.append(_in_words(option, mode, placement, checkpointing))
             break
     largest = largest_batch(config, checkpointing, placement, fits, below=batch_size)
@@ -310,7 +315,8 @@ def plan_memory(config: GPTConfig, run, compute_dtype: Optional[torch.dtype], en
     if plan.fits:
         return plan
     fits = fits_in(plan.available, plan.sharers, plan.host_available, plan.host_sharers)
-    return replace(plan, advice=suggest(config, run.batch_size, run.activation_checkpointing, placement, fits))
+    advice = suggest(config, run.batch_size, run.activation_checkpointing, placement, fits)
+    return replace(plan, advice=advice)
 
 
 def host_memory_available() -> Optional[int]:

@@ -85,18 +85,20 @@ class Traffic:
         return Traffic(count * self.intra_bytes, count * self.inter_bytes, count * self.seconds)
 
 
-def collective(size: float, cluster: Cluster, ranks_per_node: int, nodes: int, all_reduce: bool) -> Traffic:
-    """One ring collective of `size` bytes over `nodes` nodes of `ranks_per_node` ranks each:
-    an all-reduce, or an all-gather or reduce-scatter (half the traffic)."""
+def collective(size: float, cluster: Cluster, ranks_per_node: int, nodes: int, all_reduce: bool,
+               messages: int = 1) -> Traffic:
+    """Ring collectives of `size` bytes in all, in `messages` calls (FSDP: one per block), over
+    `nodes` nodes of `ranks_per_node` ranks each: all-reduces, or all-gathers or reduce-scatters
+    (half the traffic)."""
     factor = 2 if all_reduce else 1
     g, n = ranks_per_node, nodes
     intra = factor * (g - 1) / g * size
     across_node = factor * (n - 1) / n * size  # through the node's network links, all ranks together
     seconds = 0.0
     if g > 1:
-        seconds += factor * (g - 1) * cluster.intra_latency + intra / cluster.intra_bandwidth
+        seconds += messages * factor * (g - 1) * cluster.intra_latency + intra / cluster.intra_bandwidth
     if n > 1:
-        seconds += factor * (n - 1) * cluster.inter_latency + across_node / cluster.inter_bandwidth
+        seconds += messages * factor * (n - 1) * cluster.inter_latency + across_node / cluster.inter_bandwidth
     return Traffic(intra, across_node / g, seconds)
 
 
@@ -169,8 +171,9 @@ def _sharded(method: str, work: StepWork, cluster: Cluster, micro: float, backwa
     if cluster.world_size == 1 or (method == "hsdp" and per_node == 1 and cluster.nodes == 1):
         return Traffic(), 0.0
     parameters, gradients = work.compute_bytes * work.sizes.total, FP32 * work.sizes.total
-    gather = collective(parameters, cluster, per_node, nodes, all_reduce=False)
-    scatter = collective(gradients, cluster, per_node, nodes, all_reduce=False)
+    units = work.sizes.n_layer + 1  # each block, and the root module
+    gather = collective(parameters, cluster, per_node, nodes, all_reduce=False, messages=units)
+    scatter = collective(gradients, cluster, per_node, nodes, all_reduce=False, messages=units)
     gathers_per_micro = 2 if reshard_after_forward else 1
     traffic = gather.times(gathers_per_micro * work.grad_accum_steps) + scatter
     one_block = 1 / max(work.sizes.n_layer, 1)

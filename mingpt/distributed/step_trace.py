@@ -14,11 +14,12 @@ and in the backward pass one block recomputed at a time.
   neither autocast nor SDPA's kernel choice, so the trace adds both (GpuEmulation). A CPU-only torch
   cannot run autograd on fake CUDA tensors.
 
-Two blocks are traced, at batches of 2 and 3 samples (a batch of 1 takes other paths in places): a further block repeats the second block's
-pattern, shifted by what one block keeps for the backward pass, and every activation is linear in
-the batch, so one trace answers any depth and any batch size (the tests hold both against whole
-traces). Parameters and the optimizer's state exist before the trace starts and are not in it;
-gradients are, and are told apart from activations once the step has made them.
+Two blocks are traced, at batches of 2 and 3 samples (a batch of 1 takes other paths in places): a
+further block repeats the second block's pattern, shifted by what one block keeps for the backward
+pass, and every activation is linear in the batch, so one trace answers any depth and any batch
+size (the tests hold both against whole traces). Parameters and the optimizer's state exist before
+the trace starts and are not in it; gradients are, and are told apart from activations once the
+step has made them.
 """
 import contextlib
 import functools
@@ -94,7 +95,8 @@ class Moment:
     def shifted(self, by: "Moment", times: int) -> "Moment":
         """This moment with `times` more blocks' worth of what a block keeps (activations and casts)."""
         return replace(self, activations=self.activations + times * by.activations,
-                       per_sample=self.per_sample + times * by.per_sample, casts=self.casts + times * by.casts)
+                       per_sample=self.per_sample + times * by.per_sample,
+                       casts=self.casts + times * by.casts)
 
 
 @dataclass(frozen=True)
@@ -269,7 +271,8 @@ def _model(key: TraceKey, layers: int, device: torch.device) -> GPT:
     if device.type != "meta":  # fake tensors of the device's type, made under the fake mode
         for module in model.modules():
             for name, param in list(module.named_parameters(recurse=False)):
-                setattr(module, name, nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device=device)))
+                fake = torch.empty(param.shape, dtype=param.dtype, device=device)
+                setattr(module, name, nn.Parameter(fake))
     if key.casts_parameters and key.compute_dtype is not None:
         model = model.to(key.compute_dtype)
     checkpoint_blocks(model, key.checkpointing)
@@ -465,4 +468,5 @@ class GpuEmulation(TorchFunctionMode):
 def _fused_attention(q, k, v, dropout_p: float = 0.0, is_causal: bool = False, **_) -> torch.Tensor:
     if q.dtype in (torch.float16, torch.bfloat16):
         return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal)[0]
-    return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, dropout_p, is_causal)[0]
+    efficient = torch.ops.aten._scaled_dot_product_efficient_attention
+    return efficient(q, k, v, None, True, dropout_p, is_causal)[0]
