@@ -14,7 +14,7 @@ taken after a small model has run the same code paths once, so that torch's code
 already in). glibc is told to return freed blocks of 64 KiB or more to the system at once
 (M_MMAP_THRESHOLD), so that resident memory follows what torch allocates and frees: the CPU
 counterpart of torch.cuda.max_memory_allocated, which the planner predicts. With glibc's defaults
-(--malloc default) freed memory is kept for reuse and the high-water mark lies 25-90% above
+(--malloc default) freed memory is kept for reuse and the high-water mark lies 17-87% above
 (reported, no target: that is the allocator's, as a GPU's caching allocator keeps its reserve).
 Target: every prediction within 10% of the measured peak of every rank.
 
