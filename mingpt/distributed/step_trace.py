@@ -268,13 +268,10 @@ def _model(key: TraceKey, layers: int, device: torch.device) -> GPT:
     """The GPT with `layers` blocks on device (fake or meta), in the step's parameter dtype."""
     with torch.device("meta"):
         model = GPT(with_layers(key.model, layers))
-    if device.type != "meta":  # fake tensors of the device's type, made under the fake mode
-        for module in model.modules():
-            for name, param in list(module.named_parameters(recurse=False)):
-                fake = torch.empty(param.shape, dtype=param.dtype, device=device)
-                setattr(module, name, nn.Parameter(fake))
-    if key.casts_parameters and key.compute_dtype is not None:
-        model = model.to(key.compute_dtype)
+    dtype = parameter_dtype(key)  # FSDP's policy casts the parameters themselves
+    for module in model.modules():  # fake tensors of the device's type, made under the fake mode
+        for name, param in list(module.named_parameters(recurse=False)):
+            setattr(module, name, nn.Parameter(torch.empty(param.shape, dtype=dtype, device=device)))
     checkpoint_blocks(model, key.checkpointing)
     if key.device_type != "cpu" and key.checkpointing != "none":
         _emulate_in_recomputation(model, key)

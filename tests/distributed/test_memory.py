@@ -40,12 +40,14 @@ def whole_step_peak(key: TraceKey, n_layer: int, batch_size: int) -> int:
     return peak
 
 
-@pytest.mark.parametrize("device_type, dtype, checkpointing", [
-    ("cpu", None, "none"), ("cpu", None, "full"), ("cuda", torch.bfloat16, "full")])
-def test_two_traced_blocks_at_two_batch_sizes_stand_for_any_depth_and_batch(device_type, dtype,
+@pytest.mark.parametrize("device_type, dtype, casts, checkpointing", [
+    ("cpu", None, False, "none"), ("cpu", None, False, "full"), ("cpu", torch.bfloat16, True, "none"),
+    ("cuda", torch.bfloat16, False, "full")])
+def test_two_traced_blocks_at_two_batch_sizes_stand_for_any_depth_and_batch(device_type, dtype, casts,
                                                                               checkpointing):
-    """Extrapolated from two blocks at 2 and 3 samples, the peak is the whole 4-block step's at 5."""
-    key = TraceKey(SMALL, device_type, dtype, False, checkpointing)
+    """Extrapolated from two blocks at 2 and 3 samples, the peak is the whole 4-block step's at 5
+    (fp32; FSDP's bf16 parameters; a GPU's autocast with checkpointing)."""
+    key = TraceKey(SMALL, device_type, dtype, casts, checkpointing)
     trace = trace_step(key)
     block_gradients = trace.block_gradient_bytes
     extrapolated = max(point.moment.at(5) + point.moment.casts + point.moment.block_gradients
@@ -66,6 +68,20 @@ def test_the_cpu_step_keeps_its_dropout_masks_and_attention_maps():
     attention_map = batch * config.n_head * config.block_size ** 2 * FP32
     masks = activation * (1 + 2 * config.n_layer)  # the embeddings', and two per block
     assert held[0.1] - held[0.0] >= masks + config.n_layer * attention_map
+
+
+def test_a_gpu_step_keeps_one_byte_masks_and_no_attention_maps():
+    """On a GPU, F.dropout keeps a one-byte mask and SDPA's fused kernel no B x nh x T x T maps (only
+    a B x nh x T log-sum-exp and its random seed): the CPU step holds the maps and three bytes per
+    mask element more."""
+    batch, config = 4, replace(SMALL, block_size=64)
+    held = {device: trace_step(TraceKey(config, device, None, False, "none")).saved_activations(
+        config.n_layer).at(batch) for device in ("cpu", "cuda")}
+    elements = batch * config.block_size * config.n_embd
+    attention_maps = 3 * batch * config.n_head * config.block_size ** 2 * FP32  # scores, weights, mask
+    masks = 3 * elements * (1 + 2 * config.n_layer)
+    flash = batch * config.n_head * config.block_size * FP32 + 64  # log-sum-exp, seed and offset
+    assert held["cpu"] - held["cuda"] >= config.n_layer * (attention_maps - flash) + masks
 
 
 def test_methods_divide_the_state_and_add_their_buffers():
