@@ -25,10 +25,11 @@ SMALL = GPTConfig(n_layer=4, n_head=2, n_embd=32, vocab_size=30, block_size=16)
 MACHINE = 24 * 2**30
 
 
-def whole_step_peak(key: TraceKey, n_layer: int, batch_size: int) -> int:
-    """The largest total of a step traced whole (every block), gradients of finished blocks included."""
+def whole_step_peaks(key: TraceKey, n_layer: int, batch_size: int) -> dict[tuple[str, bool], int]:
+    """The largest totals of a step traced whole (every block), gradients of finished blocks
+    included: in each phase, inside the blocks and outside them."""
     block_gradients = trace_step(key).block_gradient_bytes
-    peak = 0
+    peaks: dict[tuple[str, bool], int] = {}
     for (phase, where), moments in _trace_once(key, n_layer, batch_size).items():
         if phase == "forward" or where == "post":
             done = 0
@@ -36,8 +37,9 @@ def whole_step_peak(key: TraceKey, n_layer: int, batch_size: int) -> int:
             done = n_layer if where == "pre" else n_layer - 1 - where
         for moment in moments:
             live = moment.activations + moment.casts + moment.block_gradients + moment.other_gradients
-            peak = max(peak, live + done * block_gradients)
-    return peak
+            group = (phase, isinstance(where, int))
+            peaks[group] = max(peaks.get(group, 0), live + done * block_gradients)
+    return peaks
 
 
 @pytest.mark.parametrize("device_type, dtype, casts, checkpointing", [
@@ -49,11 +51,16 @@ def test_two_traced_blocks_at_two_batch_sizes_stand_for_any_depth_and_batch(devi
     (fp32; FSDP's bf16 parameters; a GPU's autocast with checkpointing)."""
     key = TraceKey(SMALL, device_type, dtype, casts, checkpointing)
     trace = trace_step(key)
-    block_gradients = trace.block_gradient_bytes
-    extrapolated = max(point.moment.at(5) + point.moment.casts + point.moment.block_gradients
-                       + point.moment.other_gradients + point.blocks_done * block_gradients
-                       for point in trace.points(SMALL.n_layer))
-    assert extrapolated == pytest.approx(whole_step_peak(key, SMALL.n_layer, 5), rel=1e-3)
+    extrapolated: dict[tuple[str, bool], int] = {}
+    for point in trace.points(SMALL.n_layer):
+        moment, group = point.moment, (point.phase, point.block is not None)
+        live = moment.at(5) + moment.casts + moment.block_gradients + moment.other_gradients
+        live += point.blocks_done * trace.block_gradient_bytes
+        extrapolated[group] = max(extrapolated.get(group, 0), live)
+    whole = whole_step_peaks(key, SMALL.n_layer, 5)
+    assert extrapolated.keys() == whole.keys()
+    for group, peak in whole.items():
+        assert extrapolated[group] == pytest.approx(peak, rel=1e-3), group
 
 
 def test_the_cpu_step_keeps_its_dropout_masks_and_attention_maps():
