@@ -222,19 +222,33 @@ def _gb(n_bytes: float) -> str:
     return f"{n_bytes / 1e9:>7.2f}"
 
 
+@dataclass(frozen=True)
+class Choice:
+    """A setting that fits, at the gradient accumulation recommended for it."""
+
+    row: Row
+    """At the run's own grad_accum_steps."""
+    steps: int
+    reached: Row
+    """At `steps` micro-batches per optimizer step."""
+
+    def reaches(self, setting: Setting) -> bool:
+        return self.reached.timing.efficiency >= setting.efficiency
+
+
 def recommend(rows: list[Row], setting: Setting) -> list[str]:
-    """The fastest setting that fits, at the accumulation reaching the target efficiency, and why."""
+    """Of the settings that fit and reach the target efficiency (each with the fewest micro-batches
+    that do), the fastest; within a few percent of it, the one that changes the training recipe
+    least (fewest micro-batches), then the simplest. Then why."""
     fitting = [row for row in rows if row.fits]
     if not fitting:
         return _nothing_fits(rows, setting)
-    choices = [(row, *_accumulation(row, setting)) for row in fitting]
-    reaching = [choice for choice in choices if choice[2].timing.efficiency >= setting.efficiency] or choices
-    fastest = max(choice[2].tokens_per_s for choice in reaching)
-    # Within a few percent of the fastest, the simplest: ddp, then fsdp, then hsdp (a 2-D mesh);
-    # no checkpointing; no offload.
-    close = [choice for choice in reaching if choice[2].tokens_per_s >= (1 - CLOSE_ENOUGH) * fastest]
-    best, steps, reached = min(close, key=lambda choice: _complexity(choice[0]))
-    return [_headline(best, steps, reached, setting), *_reasons(best, steps, reached, rows, setting)]
+    choices = [_accumulation(row, setting) for row in fitting]
+    pool = [choice for choice in choices if choice.reaches(setting)] or choices
+    fastest = max(choice.reached.tokens_per_s for choice in pool)
+    close = [choice for choice in pool if choice.reached.tokens_per_s >= (1 - CLOSE_ENOUGH) * fastest]
+    best = min(close, key=lambda choice: (choice.steps, _complexity(choice.row)))
+    return [_headline(best, setting), *_reasons(best, choices, rows, setting)]
 
 
 CLOSE_ENOUGH = 0.03
@@ -242,10 +256,11 @@ CLOSE_ENOUGH = 0.03
 
 
 def _complexity(row: Row) -> tuple:
+    """ddp, then fsdp, then hsdp (a 2-D mesh); no checkpointing; no offload."""
     return (row.cpu_offload, row.checkpointing != "none", ("ddp", "fsdp", "hsdp").index(row.method))
 
 
-def _accumulation(row: Row, setting: Setting) -> tuple[int, Row]:
+def _accumulation(row: Row, setting: Setting) -> Choice:
     """The fewest micro-batches per step that reach the target efficiency and still fit (the row's
     own when none does)."""
     placement = setting.placement(row.method, row.cpu_offload)
@@ -253,9 +268,9 @@ def _accumulation(row: Row, setting: Setting) -> tuple[int, Row]:
     steps = accumulation_for(setting.efficiency, row.method, setting.work(row.checkpointing), setting.cluster,
                              **options)
     if steps in (0, setting.grad_accum_steps):
-        return setting.grad_accum_steps, row
+        return Choice(row, setting.grad_accum_steps, row)
     candidate = plan_row(setting, row.method, row.checkpointing, row.cpu_offload, steps)
-    return (steps, candidate) if candidate.fits else (setting.grad_accum_steps, row)
+    return Choice(row, steps, candidate) if candidate.fits else Choice(row, setting.grad_accum_steps, row)
 
 
 def _in_words(row: Row, steps: int) -> str:
@@ -266,51 +281,68 @@ def _in_words(row: Row, steps: int) -> str:
     return " ".join(f"trainer_config.{word}" for word in words)
 
 
-def _headline(row: Row, steps: int, reached: Row, setting: Setting) -> str:
-    memory = setting.cluster.memory
-    return (f"Recommended: {_in_words(row, steps)}: {gb(reached.memory.peak)} of {gb(memory)} per device, "
-            f"{reached.tokens_per_s:,.0f} tokens/s, "
+def _headline(best: Choice, setting: Setting) -> str:
+    reached, memory = best.reached, setting.cluster.memory
+    return (f"Recommended: {_in_words(best.row, best.steps)}: {gb(reached.memory.peak)} of {gb(memory)} "
+            f"per device, {reached.tokens_per_s:,.0f} tokens/s, "
             f"scaling efficiency {100 * reached.timing.efficiency:.0f}% "
-            f"(target {100 * setting.efficiency:.0f}%), {setting.tokens_per_step(steps):,} tokens per step.")
+            f"(target {100 * setting.efficiency:.0f}%), {setting.tokens_per_step(best.steps):,} tokens per "
+            f"step.")
 
 
-def _reasons(best: Row, steps: int, reached: Row, rows: list[Row], setting: Setting) -> list[str]:
+def _reasons(best: Choice, choices: list[Choice], rows: list[Row], setting: Setting) -> list[str]:
     reasons = []
     for method in methods_for(setting.cluster):
-        if method == best.method:
-            continue
-        same = next(row for row in rows if row.method == method and row.checkpointing == best.checkpointing)
-        reasons.append(_why_not(same, best, setting))
-    other = next((row for row in rows if row.method == best.method and row.cpu_offload == best.cpu_offload
-                  and row.checkpointing != best.checkpointing), None)
+        if method != best.row.method:
+            same = next(row for row in rows
+                        if row.method == method and row.checkpointing == best.row.checkpointing)
+            choice = next((choice for choice in choices if choice.row == same), None)
+            reasons.append(_why_not(same, choice, best, setting))
+    kind = (best.row.method, best.row.cpu_offload)
+    other = next((row for row in rows if (row.method, row.cpu_offload) == kind
+                  and row.checkpointing != best.row.checkpointing), None)
     if other is not None:
-        reasons.append(_checkpointing_reason(best, other, setting))
-    reasons.append(_communication_reason(best, setting))
-    reasons.append(_accumulation_reason(best, steps, reached, setting))
+        other_choice = next((choice for choice in choices if choice.row == other), None)
+        reasons.append(_checkpointing_reason(best.row, other, other_choice))
+    reasons.append(_communication_reason(best.row, setting))
+    reasons.append(_accumulation_reason(best, setting))
     return [f"- {reason}" for reason in reasons]
 
 
-def _why_not(row: Row, best: Row, setting: Setting) -> str:
-    if not row.fits:
+def _why_not(row: Row, choice: Optional[Choice], best: Choice, setting: Setting) -> str:
+    if choice is None:
         what = {"ddp": "keeps a whole copy of the parameters, gradients, AdamW state and gradient buckets "
                        "on every device",
                 "fsdp": "shards the state over every device, but not the activations",
                 "hsdp": "shards the state over a node's devices only"}[row.method]
         return (f"{row.method} does not fit: it {what}: {gb(row.memory.peak)} per device "
                 f"(activations {gb(row.memory.activations)}) > {gb(setting.cluster.memory)}.")
-    speed = (f"{row.tokens_per_s:,.0f} tokens/s, {100 * row.timing.efficiency:.0f}% efficiency, against "
-             f"{best.tokens_per_s:,.0f} at grad_accum_steps={setting.grad_accum_steps}")
-    if row.tokens_per_s < (1 - CLOSE_ENOUGH) * best.tokens_per_s:
-        return f"{row.method} fits ({gb(row.memory.peak)}) but is slower: {speed}."
-    return (f"{row.method} fits ({gb(row.memory.peak)}) and is about as fast ({speed}); "
-            f"{best.method} is simpler.")
+    reached = choice.reached
+    speed = (f"{reached.tokens_per_s:,.0f} tokens/s and {100 * reached.timing.efficiency:.0f}% efficiency "
+             f"with grad_accum_steps={choice.steps}")
+    if best.reaches(setting) and not choice.reaches(setting):
+        verdict = f"does not reach {100 * setting.efficiency:.0f}%"
+    elif reached.tokens_per_s < (1 - CLOSE_ENOUGH) * best.reached.tokens_per_s:
+        verdict = "is slower"
+    elif choice.steps > best.steps:
+        verdict = "needs more micro-batches per step for as much"
+    else:
+        return (f"{row.method} fits ({gb(row.memory.peak)}) and is about as fast ({speed}); "
+                f"{best.row.method} is simpler.")
+    return f"{row.method} fits ({gb(row.memory.peak)}) but {verdict}: {speed}."
 
 
-def _checkpointing_reason(best: Row, other: Row, setting: Setting) -> str:
-    if best.checkpointing == "full":
+def _checkpointing_reason(best: Row, other: Row, other_choice: Optional[Choice]) -> str:
+    if best.checkpointing == "full" and not other.fits:
         return (f"activation checkpointing is needed: without it {best.method} holds "
                 f"{gb(other.memory.activations)} of activations, {gb(other.memory.peak)} in all; with it "
                 f"{gb(best.memory.activations)}, for a third more block compute.")
+    if best.checkpointing == "full":
+        reached = other_choice.reached
+        return (f"activation checkpointing is not needed to fit ({gb(other.memory.peak)} without it), but "
+                f"the communication hides behind its recomputation: without it {reached.tokens_per_s:,.0f} "
+                f"tokens/s and {100 * reached.timing.efficiency:.0f}% efficiency with "
+                f"grad_accum_steps={other_choice.steps}.")
     return (f"activation checkpointing is not needed: it would cut activations from "
             f"{gb(best.memory.activations)} to {gb(other.memory.activations)} at the cost of a third more "
             f"block compute ({other.tokens_per_s:,.0f} tokens/s).")
@@ -324,15 +356,15 @@ def _communication_reason(best: Row, setting: Setting) -> str:
             f"behind {timing.compute * 1e3:,.0f} ms of compute.")
 
 
-def _accumulation_reason(best: Row, steps: int, reached: Row, setting: Setting) -> str:
-    target = f"{100 * setting.efficiency:.0f}%"
-    if reached.timing.efficiency >= setting.efficiency and steps == setting.grad_accum_steps:
-        return f"scaling efficiency {100 * best.timing.efficiency:.0f}% already reaches {target}."
-    if reached.timing.efficiency >= setting.efficiency:
-        return (f"{steps} micro-batches per step (one synchronisation) bring scaling efficiency from "
-                f"{100 * best.timing.efficiency:.0f}% to {100 * reached.timing.efficiency:.0f}%, at or above "
+def _accumulation_reason(best: Choice, setting: Setting) -> str:
+    target, row, reached = f"{100 * setting.efficiency:.0f}%", best.row, best.reached
+    if best.reaches(setting) and best.steps == setting.grad_accum_steps:
+        return f"scaling efficiency {100 * row.timing.efficiency:.0f}% already reaches {target}."
+    if best.reaches(setting):
+        return (f"{best.steps} micro-batches per step (one synchronisation) bring scaling efficiency from "
+                f"{100 * row.timing.efficiency:.0f}% to {100 * reached.timing.efficiency:.0f}%, at or above "
                 f"{target}.")
-    gathers = " (fsdp gathers the parameters for every micro-batch)" if best.method != "ddp" else ""
+    gathers = " (sharding gathers the parameters for every micro-batch)" if row.method != "ddp" else ""
     return (f"no gradient accumulation up to 64 micro-batches that fits reaches {target}{gathers}: "
             f"faster links, a larger batch or fewer devices would.")
 
