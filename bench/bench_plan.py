@@ -1,6 +1,6 @@
 """The planner's memory and step time (mingpt/plan.py) against measured runs on this machine.
 
-    python bench/bench_plan.py                       # the grid below, about 20 minutes
+    python bench/bench_plan.py                       # the grid below, about 25 minutes
     python bench/bench_plan.py --models default --batch-sizes 4 --steps 2
 
 Grid: ddp and fsdp on 2 ranks (torchrun, gloo, one thread each) and a world of one, activation

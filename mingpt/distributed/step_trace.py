@@ -45,6 +45,7 @@ import mingpt.model as model_module
 from mingpt.distributed import activation_checkpointing
 from mingpt.distributed.activation_checkpointing import checkpoint_blocks
 from mingpt.model import GPT, GPTConfig
+from mingpt.reporting.errors import MinGPTError
 from mingpt.storage.files import cache_folder
 
 TRACED_LAYERS = 2
@@ -173,19 +174,27 @@ def _last_forward_index(points: list[Point]) -> int:
 @lru_cache(maxsize=32)
 def trace_step(key: TraceKey) -> StepTrace:
     """The step's trace. Kept in memory and in the cache folder (storage.files.cache_folder), so
-    that a machine traces each setting once: a CPU trace loads FakeTensorMode, which imports torch's
-    compiler (about 2 s and 70 MB per process); the file's name is a digest of the setting, the
-    torch version and the source of the code traced, so a change to any of them traces again."""
-    path = cache_folder(None) / TRACES_FOLDER / f"{_digest(key)}.json"
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+    that a machine traces each setting once (a trace takes a second or two: every operation goes
+    through FakeTensorMode and the recorder); the file's name is a digest of the setting, the torch
+    version and the source of the code traced, so a change to any of them traces again. Without a
+    usable cache folder it traces every time, nothing worse."""
+    path = _cached_at(key)
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
         return _from_json(json.loads(path.read_text()))
     trace = _trace(key)
-    with contextlib.suppress(OSError):  # unwritable: traced again next time, nothing worse
+    with contextlib.suppress(OSError, AttributeError):
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         temporary.write_text(json.dumps(_to_json(trace)))
         temporary.replace(path)
     return trace
+
+
+def _cached_at(key: TraceKey) -> Optional[Path]:
+    try:
+        return cache_folder(None) / TRACES_FOLDER / f"{_digest(key)}.json"
+    except MinGPTError:  # the cache folder cannot be made: no cache
+        return None
 
 
 TRACES_FOLDER = "step_traces"
