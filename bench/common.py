@@ -11,7 +11,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 
@@ -40,13 +40,14 @@ def synthetic_dataset(block_size: int, chars: int = 200_000) -> CharDataset:
 
 @contextmanager
 def benchmark_trainer(env: DistEnv, n_layer: int, n_head: int, n_embd: int, block_size: int,
-                      **trainer_settings) -> Iterator[Trainer]:
-    """A Trainer built through the project's code, snapshotting into a scratch folder.
+                      dataset: Optional[CharDataset] = None, **trainer_settings) -> Iterator[Trainer]:
+    """A Trainer built through the project's code, snapshotting into a scratch folder (over a
+    synthetic text unless given a dataset).
 
     On the way out its model and optimizer are dropped, while the caller's process-group session
     is still open: a DDP model freed only once the caller's variable goes, after the group is
     destroyed, sometimes hung the worker as it returned (seen about once in 12 DDP runs under load)."""
-    dataset = synthetic_dataset(block_size)
+    dataset = dataset or synthetic_dataset(block_size)
     torch.manual_seed(0)  # dropout
     with torch.device("meta"):  # as main.py builds it: the Trainer allocates (under FSDP, shards only)
         model = GPT(GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd,

@@ -155,8 +155,7 @@ class Trainer:
         self.precision = resolve_precision(config.use_amp, config.amp_dtype, env.device)
         self.precision.configure_matmuls()
         checkpoint_blocks(model, config.activation_checkpointing)  # before wrapping: FSDP's hooks go outside
-        self.memory = plan_memory(sum(p.numel() * p.element_size() for p in model.parameters()),
-                                  config.distributed_method, config.cpu_offload, env)
+        self.memory = plan_memory(model.config, config, self.precision.amp_dtype, env)  # the step, traced
         check_memory(self.memory, env)  # before anything is allocated
         method = parallel.Parallelism(config.distributed_method, config.cpu_offload,
                                       config.reshard_after_forward, cpu_collectives=env.backend == "gloo")

@@ -121,8 +121,8 @@ def test_a_model_too_large_for_memory_is_refused_before_it_is_built(text_file, t
                                                 gpt_config__n_head=64, gpt_config__n_embd=8192), capsys)
     line = one_error_line(result)
     assert line.startswith("error: trainer_config.distributed_method: ddp needs about 824")
-    assert line.endswith(" GB of host memory available; "
-                         "use distributed_method=fsdp, more ranks, or a smaller model")
+    assert line.endswith(" GB of host memory available; "  # one rank: sharding has nothing to divide
+                         "use more ranks (on more machines), or a smaller model")
     assert result.returncode == 1 and not (tmp_path / "snap.pt").exists()
 
 

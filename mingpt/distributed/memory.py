@@ -1,77 +1,322 @@
-"""Will the training state fit? Estimated before anything is allocated, and refused in one line
-rather than killed by the system half-way through start-up.
+"""Will a run fit? One model of what each rank holds at the peak of a training step, used alike by
+the start-up check (the Trainer refuses a run that cannot fit before anything is allocated) and by
+the planner (plan.py), so that the two never disagree.
 
-The estimate covers what a rank holds for the whole run: parameters, gradients and AdamW's two
-moments, each a copy of the parameters in their dtype (fp32 here: 16 bytes per parameter; mixed
-precision casts for compute and keeps these in fp32). DDP with more than one rank adds its
-gradient buckets, a fifth copy (DistributedDataParallel's gradient_as_bucket_view documents that
-its buckets hold as much as the gradients). FSDP divides all of it by the ranks that shard it.
-Activations, the blocks FSDP gathers while computing them, and torch's own working memory are
-not counted: they depend on the batch, and the check is meant to refuse only what cannot fit
-even before them.
+What a step holds comes from the project's own step, traced on tensors without memory
+(step_trace.py): activations, gradients as the backward pass makes them, autocast's copies of the
+parameters. What the method adds is counted here, at every moment of the traced step that can be
+the peak, and the largest sum wins:
+- parameters: fp32 master weights (4 bytes each; mixed precision casts for compute and keeps
+  these), divided by the ranks that shard them (fsdp: all; hsdp: a node's; ddp: none);
+- AdamW's two moments: 8 bytes per parameter, sharded alike;
+- gradients: fp32, whole under DDP; under FSDP the block being differentiated (and the embeddings
+  and head, reduced last) whole in the compute dtype, the others as fp32 shards;
+- buffers: DDP's gradient buckets (a fifth fp32 copy: gradient_as_bucket_view is off); FSDP's
+  gathered blocks (the one computing and the one prefetched, in the compute dtype; all of them
+  between the forward and the backward pass with reshard_after_forward=False), the root module's
+  gathered parameters, and the collectives' buffers (on CPU ranks cpu_collectives.py keeps four
+  block-sized buffers and every block's gradient shard for the whole run); the host copy of
+  async_snapshots (rank 0's whole state for single-file snapshots, each rank's shards for sharded
+  ones), which lives in host memory: on a GPU it is counted against the host, not the device.
+Gradient accumulation keeps every gradient, unsharded under FSDP, through the later micro-batches.
+Not counted: torch's own working memory outside tensors, and what the memory allocator keeps
+cached or fragmented (on the CPU, glibc; on a GPU, the caching allocator's reserve); a compiled
+model (compile=True) is estimated as it runs uncompiled. bench/bench_plan.py checks the estimate
+against measured peaks.
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Optional
 
 import torch
 
 from mingpt.distributed.process_group import DistEnv, all_gather_objects
+from mingpt.distributed.step_trace import Point, TraceKey, block_parameters, trace_step
+from mingpt.model import GPT, GPTConfig
 from mingpt.reporting.errors import ConfigError
 
-ADAMW_COPIES = 4
-"""Parameters, gradients, exp_avg and exp_avg_sq."""
-
-
-def state_bytes_per_rank(parameter_bytes: int, method: str, world_size: int, local_world_size: int) -> int:
-    """Bytes of parameters, gradients and AdamW state one rank holds under method."""
-    copies = ADAMW_COPIES + (1 if method == "ddp" and world_size > 1 else 0)  # DDP's buckets
-    shards = {"ddp": 1, "fsdp": world_size, "hsdp": local_world_size}[method]  # hsdp: within a node
-    return math.ceil(parameter_bytes * copies / shards)
+FP32 = 4
+ADAMW_MOMENTS = 2
+CPU_BLOCK_BUFFERS = 4
+"""Block-sized buffers cpu_collectives.HostBuffers keeps (measured: any depth, fp32)."""
+CPU_ROOT_BUFFERS = 2
+"""The same for the root module's parameters (embeddings, final LayerNorm, head)."""
 
 
 @dataclass(frozen=True)
-class MemoryPlan:
-    """What this rank's training state needs, against what the memory it lives in has free."""
+class Placement:
+    """How a run spreads its training state over ranks and devices."""
 
     method: str
-    per_rank: int
-    """Bytes of training state per rank (state_bytes_per_rank)."""
-    sharers: int
-    """Ranks of this machine drawing on the same memory: all of them for host memory, 1 for a GPU."""
-    memory: str
-    """Where the state lives: "host memory" or a GPU's, such as "cuda:0 memory"."""
-    available: Optional[int]
-    """Bytes free there now; None where this system does not say (no /proc/meminfo)."""
+    """ddp, fsdp or hsdp."""
+    world_size: int = 1
+    ranks_per_node: int = 1
+    device_type: str = "cpu"
+    compute_dtype: Optional[torch.dtype] = None
+    """The low precision of mixed precision; None: fp32."""
+    cpu_offload: bool = False
+    reshard_after_forward: bool = True
+    grad_accum_steps: int = 1
+    snapshot_staging: Optional[str] = None
+    """async_snapshots' host copy: None (off), "single" (rank 0's whole state) or "sharded"."""
 
     @property
-    def needed(self) -> int:
-        return self.per_rank * self.sharers
+    def shards(self) -> int:
+        return {"ddp": 1, "fsdp": self.world_size, "hsdp": self.ranks_per_node}[self.method]
 
     @property
-    def fits(self) -> bool:
-        return self.available is None or self.needed <= self.available
+    def sharded(self) -> bool:
+        return self.method != "ddp"
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes one rank holds at the peak of a training step, by what they are."""
+
+    parameters: int
+    gradients: int
+    optimizer: int
+    activations: int
+    buffers: int
+    host: int = 0
+    """Held in host memory instead of the device's (a GPU's CPU offload and snapshot staging)."""
+
+    @property
+    def peak(self) -> int:
+        return self.parameters + self.gradients + self.optimizer + self.activations + self.buffers
 
     def describe(self) -> str:
-        machine = f", {gb(self.needed)} for the {self.sharers} ranks on this machine"
-        share = machine if self.sharers > 1 else ""
-        free = "unknown" if self.available is None else gb(self.available)
-        return (f"about {gb(self.per_rank)} per rank for parameters, gradients and AdamW state{share} "
-                f"(before activations); {free} of {self.memory} available")
+        parts = (("parameters", self.parameters), ("gradients", self.gradients),
+                 ("AdamW state", self.optimizer), ("activations", self.activations),
+                 ("buffers", self.buffers))
+        return ", ".join(f"{name} {gb(size)}" for name, size in parts)
+
+
+@dataclass(frozen=True)
+class ModelSizes:
+    total: int
+    per_block: int
+    n_layer: int
+
+    @property
+    def root(self) -> int:
+        """Parameters outside the blocks: the embeddings, the final LayerNorm and the head."""
+        return self.total - self.n_layer * self.per_block
+
+
+def model_sizes(config: GPTConfig) -> ModelSizes:
+    return _sizes(config.n_layer, config.n_head, config.n_embd, config.vocab_size, config.block_size)
+
+
+@lru_cache(maxsize=64)
+def _sizes(n_layer: int, n_head: int, n_embd: int, vocab_size: int, block_size: int) -> ModelSizes:
+    config = GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab_size,
+                       block_size=block_size)
+    with torch.device("meta"):
+        total = sum(p.numel() for p in GPT(config).parameters())
+    return ModelSizes(total, block_parameters(config), n_layer)
+
+
+def estimate_memory(config: GPTConfig, batch_size: int, checkpointing: str,
+                    placement: Placement) -> MemoryEstimate:
+    """What one rank holds at the peak of a step of this model (vocab_size and block_size set)."""
+    casts_parameters = placement.sharded and placement.compute_dtype is not None  # FSDP's policy
+    trace = trace_step(TraceKey(config, placement.device_type, placement.compute_dtype, casts_parameters,
+                                checkpointing))
+    sizes = model_sizes(config)
+    at = _sharded_moment if placement.sharded else _ddp_moment
+    moments = (at(point, trace.block_gradient_bytes, sizes, batch_size, placement)
+               for point in trace.points(config.n_layer))
+    return max(moments, key=lambda estimate: estimate.peak)
+
+
+def _ddp_moment(point: Point, block_gradients: int, sizes: ModelSizes, batch_size: int,
+                placement: Placement) -> MemoryEstimate:
+    moment, whole = point.moment, FP32 * sizes.total
+    made = moment.other_gradients + moment.block_gradients
+    gradients = whole + made if placement.grad_accum_steps > 1 else made + point.blocks_done * block_gradients
+    buckets = whole if placement.world_size > 1 else 0
+    staging = _staging(placement, whole)
+    on_host = placement.device_type == "cpu"
+    return MemoryEstimate(parameters=whole + moment.casts, gradients=gradients,
+                          optimizer=ADAMW_MOMENTS * whole, activations=moment.at(batch_size),
+                          buffers=buckets + (staging if on_host else 0), host=0 if on_host else staging)
+
+
+def _sharded_moment(point: Point, block_gradients: int, sizes: ModelSizes, batch_size: int,
+                    placement: Placement) -> MemoryEstimate:
+    moment, shards = point.moment, placement.shards
+    own = math.ceil(FP32 * sizes.total / shards)  # this rank's fp32 shard of all parameters
+    compute = _element_size(placement.compute_dtype)
+    made = moment.other_gradients + moment.block_gradients
+    done = sizes.n_layer if placement.device_type == "cpu" else point.blocks_done  # CPU: kept in the pool
+    shard_gradients = math.ceil(done * FP32 * sizes.per_block / shards)
+    if placement.grad_accum_steps > 1:  # no_sync keeps the unsharded gradients, in fp32
+        made, shard_gradients = FP32 * sizes.total + moment.block_gradients, 0
+    state = own + shard_gradients + ADAMW_MOMENTS * own  # offloaded to the host with cpu_offload
+    offloaded = placement.cpu_offload and placement.device_type != "cpu"
+    staging = _staging(placement, own if placement.snapshot_staging == "sharded" else FP32 * sizes.total)
+    on_host = placement.device_type == "cpu"
+    buffers = _gathered(point, sizes, compute, placement) + _collective_buffers(sizes, compute, placement)
+    return MemoryEstimate(
+        parameters=0 if offloaded else own, gradients=made + (0 if offloaded else shard_gradients),
+        optimizer=0 if offloaded else ADAMW_MOMENTS * own, activations=moment.at(batch_size),
+        buffers=buffers + (staging if on_host else 0),
+        host=(state if offloaded else 0) + (0 if on_host else staging))
+
+
+def _gathered(point: Point, sizes: ModelSizes, compute: int, placement: Placement) -> int:
+    """Unsharded parameters: the root module's, and the blocks' gathered for computing."""
+    if placement.reshard_after_forward:
+        blocks = 2  # the one computing and the one prefetched
+    elif point.phase == "forward":
+        blocks = (point.block + 1) if point.block is not None else sizes.n_layer
+    else:  # kept from the forward pass until each block's backward pass is over
+        blocks = sizes.n_layer - point.blocks_done
+    return compute * (sizes.root + min(blocks, sizes.n_layer) * sizes.per_block)
+
+
+def _collective_buffers(sizes: ModelSizes, compute: int, placement: Placement) -> int:
+    """The all-gathers' and reduce-scatters' flat buffers."""
+    if placement.device_type == "cpu":  # kept for the run by cpu_collectives.HostBuffers
+        block = (CPU_BLOCK_BUFFERS // 2) * (compute + FP32) * sizes.per_block  # gathers, and fp32 reductions
+        root = CPU_ROOT_BUFFERS * FP32 * sizes.root + math.ceil(FP32 * sizes.root / placement.shards)
+        return block + root
+    return (compute + FP32) * sizes.per_block  # a block's all-gather output and reduce-scatter input
+
+
+def _staging(placement: Placement, state_parameters_bytes: int) -> int:
+    """async_snapshots' host copy: parameters and AdamW's two moments (of the whole model, or of
+    this rank's shards), for the worst rank (rank 0, which holds a single-file snapshot's all)."""
+    if placement.snapshot_staging is None:
+        return 0
+    return (1 + ADAMW_MOMENTS) * state_parameters_bytes
+
+
+def _element_size(dtype: Optional[torch.dtype]) -> int:
+    return dtype.itemsize if dtype is not None else FP32
 
 
 def gb(n_bytes: int) -> str:
     return f"{n_bytes / 1e9:.1f} GB" if n_bytes >= 1e9 else f"{n_bytes / 1e6:.1f} MB"
 
 
-def plan_memory(parameter_bytes: int, method: str, cpu_offload: bool, env: DistEnv) -> MemoryPlan:
-    """The plan for this rank: its state in GPU memory, or in host memory shared with the other
-    ranks of this machine (on a CPU-only machine, or with FSDP's CPU offload)."""
-    per_rank = state_bytes_per_rank(parameter_bytes, method, env.world_size, env.local_world_size)
-    if env.device.type == "cuda" and not cpu_offload:
+@dataclass(frozen=True)
+class MemoryPlan:
+    """A rank's estimate against the memory it will live in, with what to change if it cannot fit."""
+
+    method: str
+    estimate: MemoryEstimate
+    batch_size: int
+    sharers: int
+    """Ranks of this machine drawing on the same memory: all of them for host memory, 1 for a GPU."""
+    memory: str
+    """Where the step lives: "host memory" or a GPU's, such as "cuda:0 memory"."""
+    available: Optional[int]
+    """Bytes free there now; None where this system does not say."""
+    host_available: Optional[int] = None
+    """Host memory free, for what a GPU run keeps there (CPU offload, snapshot staging)."""
+    host_sharers: int = 1
+    advice: str = ""
+    """What would fit instead (suggest()), filled in when this does not."""
+
+    @property
+    def needed(self) -> int:
+        return self.estimate.peak * self.sharers
+
+    @property
+    def fits(self) -> bool:
+        device = self.available is None or self.needed <= self.available
+        host = self.host_available is None or self.estimate.host * self.host_sharers <= self.host_available
+        return device and host
+
+    def describe(self) -> str:
+        estimate = self.estimate
+        machine = (f", {gb(self.needed)} for the {self.sharers} ranks on this machine"
+                   if self.sharers > 1 else "")
+        host = f", and {gb(estimate.host)} of host memory" if estimate.host else ""
+        free = "unknown" if self.available is None else gb(self.available)
+        return (f"about {gb(estimate.peak)} per rank at the peak of a step of batch_size={self.batch_size} "
+                f"({estimate.describe()}){machine}{host}; {free} of {self.memory} available")
+
+
+def fits_in(available: Optional[int], sharers: int = 1, host_available: Optional[int] = None,
+            host_sharers: int = 1):
+    """A test of estimates against this much memory, shared by `sharers` ranks."""
+    def fits(estimate: MemoryEstimate) -> bool:
+        device = available is None or estimate.peak * sharers <= available
+        host = host_available is None or estimate.host * host_sharers <= host_available
+        return device and host
+    return fits
+
+
+def suggest(config: GPTConfig, batch_size: int, checkpointing: str, placement: Placement, fits) -> str:
+    """What would fit instead, in words a user types: another method or checkpointing (the first of
+    these that fits, as shown by estimate_memory), or else the largest batch that fits."""
+    changes = []
+    candidates = [(placement, "full")]
+    if placement.method == "ddp" and placement.world_size > 1:
+        sharded = replace(placement, method="fsdp")
+        candidates += [(sharded, checkpointing), (sharded, "full")]
+    if placement.sharded and placement.device_type != "cpu" and not placement.cpu_offload:
+        candidates += [(replace(placement, cpu_offload=True), "full")]
+    for option, mode in candidates:
+        same = (option, mode) == (placement, checkpointing)
+        if not same and fits(estimate_memory(config, batch_size, mode, option)):
+            changes.append(_in_words(option, mode, placement, checkpointing))
+            break
+    largest = largest_batch(config, checkpointing, placement, fits, below=batch_size)
+    if largest:
+        changes.append(f"batch_size <= {largest}")
+    if not changes:
+        return "use more ranks (on more machines), or a smaller model"
+    return "use " + ", or ".join(changes)
+
+
+def _in_words(option: Placement, mode: str, current: Placement, current_mode: str) -> str:
+    words = []
+    if option.method != current.method:
+        words.append(f"distributed_method={option.method}")
+    if option.cpu_offload != current.cpu_offload:
+        words.append("cpu_offload=True")
+    if mode != current_mode:
+        words.append(f"activation_checkpointing={mode}")
+    return " with ".join(words)
+
+
+def largest_batch(config: GPTConfig, checkpointing: str, placement: Placement, fits, below: int) -> int:
+    """The largest batch size under `below` whose step fits (0 if not even 1 does)."""
+    low, high = 0, below - 1  # low fits (0 trivially); find the largest that fits up to high
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(estimate_memory(config, middle, checkpointing, placement)):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def plan_memory(config: GPTConfig, run, compute_dtype: Optional[torch.dtype], env: DistEnv) -> MemoryPlan:
+    """This rank's plan for the run's settings (a TrainerConfig), before anything is allocated: the
+    step in GPU memory, or in host memory shared with the machine's other ranks (CPU ranks)."""
+    placement = Placement(
+        run.distributed_method, env.world_size, env.local_world_size, env.device.type,
+        compute_dtype, run.cpu_offload, run.reshard_after_forward, run.grad_accum_steps,
+        run.snapshot_format if run.async_snapshots else None)
+    estimate = estimate_memory(config, run.batch_size, run.activation_checkpointing, placement)
+    if env.device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(env.device)
-        return MemoryPlan(method, per_rank, 1, f"{env.device} memory", free)
-    return MemoryPlan(method, per_rank, env.local_world_size, "host memory", host_memory_available())
+        where = dict(sharers=1, memory=f"{env.device} memory", available=free,
+                     host_available=host_memory_available(), host_sharers=env.local_world_size)
+    else:
+        where = dict(sharers=env.local_world_size, memory="host memory", available=host_memory_available())
+    plan = MemoryPlan(run.distributed_method, estimate, run.batch_size, **where)
+    if plan.fits:
+        return plan
+    fits = fits_in(plan.available, plan.sharers, plan.host_available, plan.host_sharers)
+    advice = suggest(config, run.batch_size, run.activation_checkpointing, placement, fits)
+    return replace(plan, advice=advice)
 
 
 def host_memory_available() -> Optional[int]:
@@ -97,12 +342,4 @@ def check_fits(plans: list[MemoryPlan]) -> None:
     short = next((plan for plan in plans if not plan.fits), None)
     if short is not None:
         raise ConfigError("trainer_config.distributed_method",
-                          f"{short.method} needs {short.describe()}; {advice(short)}")
-
-
-def advice(plan: MemoryPlan) -> str:
-    if plan.method == "ddp":
-        return "use distributed_method=fsdp, more ranks, or a smaller model"
-    if plan.memory != "host memory":
-        return "use more ranks, cpu_offload=True, or a smaller model"
-    return "use more ranks (on more machines) or a smaller model"
+                          f"{short.method} needs {short.describe()}; {short.advice}")

@@ -35,27 +35,30 @@ class GpuPeaks:
     fp32: float
     sms: int
     """Streaming multiprocessors of the whole GPU: a MIG slice has a share of them, and of the peak."""
+    memory_gb: float = 0.0
+    """Memory of one GPU in GB (10^9 bytes; the datasheet's largest variant), for plan.py."""
 
 
-# NVIDIA's datasheets (sparse figures halved). Matched most specific name first, whole words only,
-# so that "L40S" is not read as "L4" nor "GH200" as "H200".
+# NVIDIA's datasheets (sparse figures halved; memory in GB, the largest variant: A100 and V100 also
+# come with 40 and 16 GB, for plan.py's --memory-gb). Matched most specific name first, whole words
+# only, so that "L40S" is not read as "L4" nor "GH200" as "H200".
 GPU_PEAKS = (
-    GpuPeaks("H100 NVL", 835.5, 835.5, 417.5, 60.0, 132),
-    GpuPeaks("H100 PCIe", 756.5, 756.5, 378.0, 51.2, 114),
-    GpuPeaks("H100", 989.5, 989.5, 494.5, 66.9, 132),  # SXM; reported as "NVIDIA H100 80GB HBM3"
-    GpuPeaks("H200 NVL", 835.5, 835.5, 417.5, 60.0, 132),
-    GpuPeaks("H200", 989.5, 989.5, 494.5, 66.9, 132),
-    GpuPeaks("GH200", 989.5, 989.5, 494.5, 66.9, 132),
-    GpuPeaks("B200", 2250.0, 2250.0, 1100.0, 75.0, 148),
-    GpuPeaks("A100", 312.0, 312.0, 156.0, 19.5, 108),  # 40 and 80 GB, SXM and PCIe alike
-    GpuPeaks("A10G", 70.0, 70.0, 35.0, 31.2, 80),  # AWS's A10 variant: fewer tensor FLOPs than the A10
-    GpuPeaks("A10", 125.0, 125.0, 62.5, 31.2, 72),
-    GpuPeaks("L40S", 362.0, 362.0, 183.0, 91.6, 142),
-    GpuPeaks("L40", 181.0, 181.0, 90.5, 90.5, 142),
-    GpuPeaks("L4", 121.0, 121.0, 60.0, 30.3, 58),
-    GpuPeaks("RTX 4090", 165.2, 165.2, 82.6, 82.6, 128),  # fp16/bf16 with fp32 accumulation
-    GpuPeaks("V100", None, 125.0, None, 15.7, 80),
-    GpuPeaks("T4", None, 65.0, None, 8.1, 40),
+    GpuPeaks("H100 NVL", 835.5, 835.5, 417.5, 60.0, 132, 94),
+    GpuPeaks("H100 PCIe", 756.5, 756.5, 378.0, 51.2, 114, 80),
+    GpuPeaks("H100", 989.5, 989.5, 494.5, 66.9, 132, 80),  # SXM; reported as "NVIDIA H100 80GB HBM3"
+    GpuPeaks("H200 NVL", 835.5, 835.5, 417.5, 60.0, 132, 141),
+    GpuPeaks("H200", 989.5, 989.5, 494.5, 66.9, 132, 141),
+    GpuPeaks("GH200", 989.5, 989.5, 494.5, 66.9, 132, 96),
+    GpuPeaks("B200", 2250.0, 2250.0, 1100.0, 75.0, 148, 180),
+    GpuPeaks("A100", 312.0, 312.0, 156.0, 19.5, 108, 80),  # 40 and 80 GB, SXM and PCIe alike
+    GpuPeaks("A10G", 70.0, 70.0, 35.0, 31.2, 80, 24),  # AWS's A10 variant: fewer tensor FLOPs than the A10
+    GpuPeaks("A10", 125.0, 125.0, 62.5, 31.2, 72, 24),
+    GpuPeaks("L40S", 362.0, 362.0, 183.0, 91.6, 142, 48),
+    GpuPeaks("L40", 181.0, 181.0, 90.5, 90.5, 142, 48),
+    GpuPeaks("L4", 121.0, 121.0, 60.0, 30.3, 58, 24),
+    GpuPeaks("RTX 4090", 165.2, 165.2, 82.6, 82.6, 128, 24),  # fp16/bf16 with fp32 accumulation
+    GpuPeaks("V100", None, 125.0, None, 15.7, 80, 32),
+    GpuPeaks("T4", None, 65.0, None, 8.1, 40, 16),
 )
 CPU_MATMUL_SIZES = (1024, 2048)
 """Square matmuls this large reach the CPU's rate in fp32 and bf16 (notes: 4096 is slower in bf16)."""
