@@ -46,7 +46,7 @@ from mingpt.distributed import activation_checkpointing
 from mingpt.distributed.activation_checkpointing import checkpoint_blocks
 from mingpt.model import GPT, GPTConfig
 from mingpt.reporting.errors import MinGPTError
-from mingpt.storage.files import cache_folder
+from mingpt.storage import files
 
 TRACED_LAYERS = 2
 """Blocks traced: the first block's pattern differs (its input is the embedding's), the second's repeats."""
@@ -171,18 +171,48 @@ def _last_forward_index(points: list[Point]) -> int:
     return max(index for index, point in enumerate(points) if point.phase == "forward")
 
 
-@lru_cache(maxsize=32)
 def trace_step(key: TraceKey) -> StepTrace:
-    """The step's trace. Kept in memory and in the cache folder (storage.files.cache_folder), so
-    that a machine traces each setting once (a trace takes a second or two: every operation goes
-    through FakeTensorMode and the recorder); the file's name is a digest of the setting, the torch
-    version and the source of the code traced, so a change to any of them traces again. Without a
-    usable cache folder it traces every time, nothing worse."""
+    """The step's trace, for the key's canonical form (canonical): settings that differ only in
+    what the step's memory does not depend on share one."""
+    return _trace_step(canonical(key))
+
+
+def canonical(key: TraceKey) -> TraceKey:
+    """The key with only what the trace depends on: the traced depth (TRACED_LAYERS blocks at most,
+    whatever the model's), whether each dropout is on (a mask is kept, whatever its rate), and the
+    shape a preset or a model folder has already filled in."""
+    def on(rate: float) -> float:
+        return 0.1 if rate > 0 else 0.0
+
+    model = key.model
+    return replace(key, model=replace(with_layers(model, min(model.n_layer, TRACED_LAYERS)), init_from=None,
+                                      embd_pdrop=on(model.embd_pdrop), resid_pdrop=on(model.resid_pdrop),
+                                      attn_pdrop=on(model.attn_pdrop)))
+
+
+@lru_cache(maxsize=32)
+def _trace_step(key: TraceKey) -> StepTrace:
+    """Kept in memory and in the cache folder (storage.files.cache_folder), so that a machine traces
+    each setting once (a trace takes a second or two: every operation goes through FakeTensorMode
+    and the recorder), under a lock: ranks of one machine starting together trace it once, the
+    others read it. The file's name is a digest of the setting, the torch version and the source of
+    the code traced, so a change to any of them traces again. Without a usable cache folder it
+    traces every time, nothing worse."""
     path = _cached_at(key)
+    if path is None:
+        return _trace(key)
+    try:
+        with files.locked(path):
+            return _read_or_trace(key, path)
+    except OSError:  # the lock's file cannot be made there
+        return _read_or_trace(key, path)
+
+
+def _read_or_trace(key: TraceKey, path: Path) -> StepTrace:
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
         return _from_json(json.loads(path.read_text()))
     trace = _trace(key)
-    with contextlib.suppress(OSError, AttributeError):
+    with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         temporary.write_text(json.dumps(_to_json(trace)))
@@ -192,9 +222,11 @@ def trace_step(key: TraceKey) -> StepTrace:
 
 def _cached_at(key: TraceKey) -> Optional[Path]:
     try:
-        return cache_folder(None) / TRACES_FOLDER / f"{_digest(key)}.json"
-    except MinGPTError:  # the cache folder cannot be made: no cache
+        folder = files.cache_folder(None) / TRACES_FOLDER
+        folder.mkdir(exist_ok=True)
+    except (MinGPTError, OSError):  # the cache folder cannot be made: no cache
         return None
+    return folder / f"{_digest(key)}.json"
 
 
 TRACES_FOLDER = "step_traces"

@@ -5,12 +5,14 @@ and calls the functions below, which answer "is this remote?" one way, treat loc
 everywhere (folders made, fsync before rename, appends in place) and raise the filesystem's own
 exceptions: the caller knows which config key to name in its one-line error.
 """
+import contextlib
+import fcntl
 import os
 import posixpath
 import re
 import uuid
 from pathlib import Path
-from typing import IO, Callable, Optional
+from typing import IO, Callable, Iterator, Optional
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -167,3 +169,15 @@ def cache_folder(cache_dir: Optional[str]) -> Path:
         raise MinGPTError(f"cannot create the token cache folder {folder} ({e}); "
                         f"set {CACHE_DIR_ENV} to a writable folder on the local disk") from None
     return folder
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `<path>.lock` (a local file): other processes of this machine that
+    make path (a token file, a step trace) wait here, then find it made."""
+    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock

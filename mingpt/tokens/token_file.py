@@ -26,7 +26,6 @@ Version 1 (before BPE) is version 2 of characters without tokenizer and vocab_si
 import codecs
 import contextlib
 import json
-import fcntl
 import hashlib
 import os
 import struct
@@ -408,17 +407,6 @@ def remove_leftovers(path: Path) -> None:
             leftover.unlink()
 
 
-@contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on `<path>.lock`: other processes preparing path wait here."""
-    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
 # ----------------------------------------------------------------------------------------- placing
 
 def folder_is_writable(folder: Path) -> bool:
@@ -455,7 +443,7 @@ def prepare(source: str, cache_dir: Optional[str] = None, choice: TokenizerChoic
     settings = choice.settings()  # a bad tokenizer.json too
     path = token_file_for(source, cache_dir, choice)
     try:
-        with locked(path):
+        with files.locked(path):
             source_fingerprint = fingerprint(source)
             if is_up_to_date(path, source_fingerprint, settings):
                 return path, False

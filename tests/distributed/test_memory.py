@@ -166,3 +166,18 @@ def test_start_up_refuses_a_run_whose_activations_do_not_fit_before_allocating(
     fits = fits_in(available)
     assert fits(estimate_memory(config, largest, "none", Placement("ddp")))
     assert not fits(estimate_memory(config, largest + 1, "none", Placement("ddp")))
+
+
+def test_settings_that_differ_only_in_what_memory_ignores_share_one_trace():
+    """Depth past the two traced blocks, a dropout's rate (not whether it is on) and the model folder
+    named: one trace (a machine traces each canonical key once); dropout off is another trace."""
+    from dataclasses import replace
+
+    from mingpt.distributed.step_trace import canonical
+
+    base = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=11, block_size=8)
+    alike = [replace(base, n_layer=6), replace(base, attn_pdrop=0.3, embd_pdrop=0.05), replace(base, init_from="x")]
+    keys = {canonical(TraceKey(config, "cpu", None, False, "none")) for config in (base, *alike)}
+    assert len(keys) == 1
+    for differs in (replace(base, resid_pdrop=0.0), replace(base, n_layer=1), replace(base, block_size=9)):
+        assert canonical(TraceKey(differs, "cpu", None, False, "none")) not in keys
