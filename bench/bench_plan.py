@@ -35,7 +35,7 @@ import torch
 from common import RESULTS, benchmark_trainer, emit, run_workers, save_json, synthetic_dataset
 
 from mingpt.distributed import parallel
-from mingpt.distributed.memory import Placement, estimate_memory
+from mingpt.distributed.memory import MemoryEstimate, Placement, estimate_memory
 from mingpt.distributed.step_time import Cluster, step_time
 from mingpt.model import GPTConfig
 from mingpt.reporting.flops import matmul_flops_by_size
@@ -88,6 +88,7 @@ def measure(env, args, text: str) -> dict:
     method, checkpointing, ranks = parse_config(text)
     alone = dataclasses.replace(env, rank=0, local_rank=0, world_size=1, local_world_size=1)
     dataset = synthetic_dataset(args.block_size)  # before the baseline: the data is not the step's
+    predict(args, text)  # and the planner's trace of the step (made once per machine) is not either
     base = fresh_baseline()
     with benchmark_trainer(env if ranks > 1 else alone, *shape_of(args), args.block_size, dataset,
                            batch_size=args.batch_size, distributed_method=method,
@@ -166,11 +167,16 @@ def run_launch(args, model: str, batch_size: int, peak_flops: float) -> list[dic
     return rows
 
 
+def predict(shape: argparse.Namespace, text: str) -> MemoryEstimate:
+    """The planner's estimate of one configuration's peak per rank."""
+    method, checkpointing, ranks = parse_config(text)
+    return estimate_memory(model_config(shape), shape.batch_size, checkpointing, Placement(method, ranks, ranks))
+
+
 def memory_row(shape: argparse.Namespace, text: str, mine: list[dict]) -> dict:
     """A configuration's measured peaks (one per rank) beside the planner's estimate."""
     method, checkpointing, ranks = parse_config(text)
-    placement = Placement(method, ranks, ranks)
-    estimate = estimate_memory(model_config(shape), shape.batch_size, checkpointing, placement)
+    estimate = predict(shape, text)
     peaks = [entry["peak"] for entry in mine]
     return {"model": shape.model, "batch_size": shape.batch_size, "method": method,
             "checkpointing": checkpointing, "ranks": ranks, "measured_peaks": peaks,
