@@ -1,13 +1,11 @@
 """The training loop: epochs of training, a snapshot every `save_every` epochs, an eval pass.
 
-The model arrives unwrapped on the meta device (main.py); the Trainer checks that its training state
-fits (distributed/memory.py), places and wraps it for the configured method (each rank only its
-shards under FSDP), and only then builds the optimizer. It keeps the loop, evaluation and the
-phases of a step; snapshots are the Checkpointer's (storage/checkpointer.py), and decisions every
-rank takes at one step (a stop signal, a snapshot timer) come from control.py. Beyond the original:
-a step budget, evaluation on a step cadence and a fixed subset, snapshots on step and time cadences,
-and a clean stop on a signal; a resumed run continues with the next unseen sample of the epoch's
-global order, exactly as the unbroken run at the same world size.
+The model arrives unwrapped on the meta device (main.py); the Trainer checks that its step fits
+(distributed/memory.py), places and wraps it for the configured method (each rank only its shards
+under FSDP), then builds the optimizer. It keeps the loop, evaluation and the phases of a step;
+snapshots are the Checkpointer's (storage/checkpointer.py), and decisions every rank takes at one
+step (a stop signal, a snapshot timer) come from control.py. A resumed run continues with the next
+unseen sample of the epoch's global order, exactly as the unbroken run at the same world size.
 """
 import contextlib
 from dataclasses import dataclass, field
@@ -162,8 +160,7 @@ class Trainer:
         self.model = parallel.parallelize(model, method, self.precision, env, compile=config.compile)
         self.optimizer = create_optimizer(self.model, self.optimizer_config)
         self.scaler = parallel.grad_scaler(self.model, self.precision, env)
-        # FSDP (and HSDP) casts parameters itself; autocast on top would only add casts.
-        fsdp_casts = parallel.computes_in_precision(self.model)
+        fsdp_casts = parallel.computes_in_precision(self.model)  # then autocast would only add casts
         self.autocast = contextlib.nullcontext if fsdp_casts else self.precision.autocast
 
     def summary(self) -> list[str]:
