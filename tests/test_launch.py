@@ -3,7 +3,7 @@ import sys
 
 import pytest
 import torch
-from helpers import MINGPT, check_two_rank_run, run, start_until, tiny_overrides
+from helpers import MINGPT, run, start_until, tiny_overrides
 
 from mingpt import launch
 
@@ -23,12 +23,6 @@ def test_workers_started_are_one_per_gpu_or_two_without_gpus(monkeypatch, gpus, 
     assert int(args.nproc_per_node) == workers and args.standalone
     assert (args.training_script, args.training_script_args) == (str(MINGPT / "main.py"),
                                                                  ["trainer_config.max_epochs=1"])
-
-
-def test_launch_starts_cpu_workers_through_the_elastic_launcher(text_file, tmp_path):
-    snapshot = tmp_path / "snap.pt"
-    result = run([sys.executable, MINGPT / "launch.py", "--nproc", "2", *tiny_overrides(text_file, snapshot)])
-    check_two_rank_run(result, snapshot)
 
 
 def test_launch_reports_failed_workers(text_file, tmp_path):

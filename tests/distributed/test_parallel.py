@@ -131,13 +131,13 @@ def test_fsdp_losses_and_gradient_norms_match_ddp_step_by_step(runs):
     assert fsdp_norms == pytest.approx(ddp_norms, rel=1e-4) and min(ddp_norms) > 0
 
 
-def resume(runs, source, text_file, tmp_path, method, nproc):
-    """Continue a one-epoch snapshot for a second epoch; return that epoch's losses."""
+def resume(runs, source, text_file, tmp_path, method, nproc, **extra):
+    """Continue a one-epoch snapshot for a second epoch; return the run's output and that epoch's losses."""
     snapshot = tmp_path / "resumed.pt"
     shutil.copy(runs[source], snapshot)
-    result = train(text_file, snapshot, method, epochs=2, nproc=nproc)
+    result = train(text_file, snapshot, method, epochs=2, nproc=nproc, **extra)
     assert "Resuming training from snapshot at Epoch 1" in result.stdout
-    return step_losses(snapshot, epoch=2)
+    return result.stdout, step_losses(snapshot, epoch=2)
 
 
 def test_fsdp_worker_killed_mid_epoch_resumes_bitwise(runs, text_file, tmp_path):
@@ -150,27 +150,20 @@ def test_fsdp_worker_killed_mid_epoch_resumes_bitwise(runs, text_file, tmp_path)
     assert_same_state(final_state(snapshot), final_state(runs["fsdp1"]))
 
 
-@pytest.mark.parametrize("source, method, nproc", [
-    ("ddp1", "fsdp", 2),   # DDP -> FSDP
-    ("fsdp1", "ddp", 1),   # FSDP -> DDP, 2 ranks -> 1 (2 -> 2 and HSDP's hops: test_cluster.py)
+@pytest.mark.parametrize("source, method, nproc, offload", [
+    # DDP -> FSDP with parameters, gradients and AdamW state in host memory (CPU offload)
+    ("ddp1", "fsdp", 2, True),
+    ("fsdp1", "ddp", 1, False),   # FSDP -> DDP, 2 ranks -> 1 (2 -> 2 and HSDP's hops: test_cluster.py)
 ])
-def test_snapshots_resume_across_methods_and_world_sizes(runs, text_file, tmp_path, source, method, nproc):
-    resumed = resume(runs, source, text_file, tmp_path, method, nproc)
+def test_snapshots_resume_across_methods_and_world_sizes(runs, text_file, tmp_path, source, method, nproc,
+                                                         offload):
+    output, resumed = resume(runs, source, text_file, tmp_path, method, nproc,
+                             trainer_config__cpu_offload=offload)
+    assert ("with CPU offload" in output) == offload
     unbroken = step_losses(runs["fsdp2"], epoch=2)
-    if nproc == 2:  # same data per step: the losses follow the unbroken run's closely
+    if nproc == 2:  # same data per step: the losses follow the unbroken run's (without offload) closely
         assert resumed == pytest.approx(unbroken, rel=1e-3)
     assert max(resumed) < step_losses(runs["fsdp1"], epoch=1)[0] - 0.5, "resumed from untrained weights"
-
-
-def test_cpu_offload_resumes_and_trains_as_without_it(runs, text_file, tmp_path):
-    """FSDP's first-epoch snapshot, resumed with parameters, gradients and AdamW state in host
-    memory: the second epoch follows the unbroken run without offload step by step."""
-    snapshot = tmp_path / "offload.pt"
-    shutil.copy(runs["fsdp1"], snapshot)
-    result = train(text_file, snapshot, "fsdp", epochs=2, trainer_config__cpu_offload=True)
-    assert "Resuming training from snapshot at Epoch 1" in result.stdout
-    assert "with CPU offload" in result.stdout and "Snapshot saved at epoch 2" in result.stdout
-    assert step_losses(snapshot, epoch=2) == pytest.approx(step_losses(runs["fsdp2"], epoch=2), rel=1e-3)
 
 
 FP16_PROBE = WORKER_SCRIPTS / "fsdp_fp16_probe.py"

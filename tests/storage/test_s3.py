@@ -68,7 +68,10 @@ def test_one_process_saves_to_and_resumes_from_s3(text_file, s3, s3_fs, capsys, 
     assert steps == list(range(1, 2 * 169 + 1))  # the resumed run's lines follow the first run's
 
 
-def test_two_processes_keep_the_newest_step_snapshots_in_an_s3_folder(text_file, s3, s3_fs):
+def test_two_processes_keep_the_newest_step_snapshots_in_an_s3_folder(text_file, s3, s3_fs, capsys,
+                                                                      one_torch_thread):
+    """Two real processes write the folder; a one-process run (main.run() here) resumes from it and
+    prunes what the first run left."""
     folder = f"s3://{s3.bucket}/folder/"
     overrides = tiny_overrides(text_file, folder, trainer_config__save_every_steps=20,
                                trainer_config__keep_last=2)
@@ -77,13 +80,14 @@ def test_two_processes_keep_the_newest_step_snapshots_in_an_s3_folder(text_file,
     # 85 steps: snapshots at steps 20, 40, 60, 80 and 85 (the epoch); the newest two are kept.
     assert folder_names(s3_fs, f"{s3.bucket}/folder") == ["metrics.jsonl", "snapshot_000000080.pt",
                                                           "snapshot_000000085.pt"]
-    resumed = run_main([*overrides, "trainer_config.max_epochs=2"], nproc=2, env=s3.env())
+    resumed = run_main_in_process([*overrides, "trainer_config.max_epochs=2"], capsys)
     assert_ok(resumed)
     assert "Resuming training from snapshot at Epoch 1" in resumed.stdout
     s3_fs.invalidate_cache()  # the listing above is cached
-    assert folder_names(s3_fs, f"{s3.bucket}/folder") == ["metrics.jsonl", "snapshot_000000160.pt",
-                                                          "snapshot_000000170.pt"]
-    assert load_object(s3_fs, f"{s3.bucket}/folder/snapshot_000000170.pt")["finished_epoch"] == 2
+    # One rank: 169 steps more, snapshots at steps 100, 120, ..., 240 and 254 (the epoch).
+    assert folder_names(s3_fs, f"{s3.bucket}/folder") == ["metrics.jsonl", "snapshot_000000240.pt",
+                                                          "snapshot_000000254.pt"]
+    assert load_object(s3_fs, f"{s3.bucket}/folder/snapshot_000000254.pt")["finished_epoch"] == 2
 
 
 def bytes_in_flight(fs, bucket: str, prefix: str) -> list[int]:
