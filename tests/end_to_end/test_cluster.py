@@ -247,38 +247,57 @@ def worker_of(agent: int) -> int:
 
 @pytest.fixture(scope="class")
 def two_host_run(text_file, tmp_path_factory) -> TwoHostRun:
-    """`torchrun --nnodes=2 --nproc_per_node=1` on node1 and node2; node2's worker is SIGKILLed once
-    the first snapshot is written, and torchrun must restart both nodes' workers from it."""
+    """`torchrun --nnodes=1:2 --nproc_per_node=1` on node1 and node2, one epoch, a snapshot every 20
+    steps. Once the first is written, node2's worker is SIGKILLed: torchrun restarts both nodes'
+    workers from it. Once the restarted world has written one of its own, node2 is removed whole
+    (its agent and worker SIGKILLed): node1 carries on alone from that snapshot."""
     skip_unless_possible(namespaces_unavailable())
     root = tmp_path_factory.mktemp("hosts")
     snapshot = root / "snap.pt"  # one file system: on real machines, shared storage or s3://
-    max_epochs = 2
     # Workers with their own TCP store: with the rendezvous's shared one, restarts often fail to
     # connect (see slurm/README.md). LOGLEVEL=INFO: each agent logs its rendezvous results.
     env = {**submitting_environment(), "OMP_NUM_THREADS": "1", "LOGLEVEL": "INFO",
            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    torchrun = [*TORCHRUN, "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
+    # A short last call: once node2 is gone, node1 need not wait long for more nodes to join.
+    torchrun = [*TORCHRUN, "--nnodes=1:2", "--nproc_per_node=1", "--rdzv_backend=c10d",
                 f"--rdzv_endpoint={TwoHosts.NAMES[0]}:29500", f"--rdzv_id={uuid.uuid4().hex}",
-                "--max-restarts=2", MAIN,
-                *tiny_overrides(text_file, snapshot, trainer_config__max_epochs=max_epochs)]
+                "--rdzv_conf=last_call_timeout=3", "--max-restarts=3", MAIN,
+                *tiny_overrides(text_file, snapshot, trainer_config__save_every_steps=20,
+                                trainer_config__log_every=10)]
     logs = [root / f"{name}.log" for name in TwoHosts.NAMES]
     with TwoHosts(root) as hosts:
-        agents = [hosts.popen(i, torchrun, logs[i], env) for i in (0, 1)]
-        # Global rank 0 (on node1, which hosts the rendezvous and sorts first) logs the snapshot.
-        wait_for(lambda: "Snapshot saved at epoch 1" in read(logs[0])
-                 or any(a.poll() is not None for a in agents), 240, "the first snapshot")
+        # node2 goes first and waits for node1's rendezvous store: had node1 started first, a slow
+        # node2 could miss its last call, and node1 would train alone before the two-node world.
+        # (Ranks follow the sorted host names, so node1 is still global rank 0.)
+        agents = [None, hosts.popen(1, torchrun, logs[1], env)]
+        wait_for(lambda: "Starting elastic_operator" in read(logs[1]), 60, "node2's agent")
+        agents[0] = hosts.popen(0, torchrun, logs[0], env)
+
+        def saved_after(marker: str) -> bool:
+            text = read(logs[0])
+            return (marker in text and "Snapshot saved at step" in text.split(marker, 1)[1]
+                    or any(a.poll() is not None for a in agents))
+
+        wait_for(lambda: saved_after("Snapshot not found"), 240, "the first snapshot")
         assert all(a.poll() is None for a in agents), f"torchrun ended before the kill:\n{read(logs[0])}"
         victim = worker_of(agents[1].pid)
         os.kill(victim, signal.SIGKILL)
-        wait_for(lambda: all(a.poll() is not None for a in agents), 300, "both torchrun agents to finish")
-        exit_codes = [a.returncode for a in agents]
-    return TwoHostRun([read(log) for log in logs], exit_codes, victim, snapshot, max_epochs)
+        wait_for(lambda: saved_after("Resuming training from snapshot"), 240, "a snapshot after the restart")
+        assert all(a.poll() is None for a in agents), f"torchrun ended before the removal:\n{read(logs[0])}"
+        hosts.remove_host(1)
+        wait_for(lambda: agents[0].poll() is not None, 300, "node1's torchrun to finish alone")
+        exit_codes = [a.wait() for a in agents]
+    return TwoHostRun([read(log) for log in logs], exit_codes, victim, snapshot, max_epochs=1)
+
+
+RESUMED_AT_STEP = re.compile(
+    r"Resuming training from snapshot at Epoch 0 \(step (\d+), sample ([\d,]+) of epoch 1\)")
 
 
 class TestTwoHosts:
     def test_torchrun_across_two_hosts_trains_as_one_world(self, two_host_run):
         node1, node2 = two_host_run.logs
-        assert "on 2 ranks)" in node1, node1  # the eval loss is a mean over a world of 2
+        assert "World: 2 process(es) on 2 node(s)" in node1, node1
         assert losses(node1) and not losses(node2), "global rank 0 on node1 logs progress, node2 does not"
         # Each agent's rendezvous result: node2 joined node1's rendezvous as node rank 1 of 2.
         assert "group_rank=0" in node1 and "group_rank=1" in node2
@@ -290,67 +309,30 @@ class TestTwoHosts:
 
     def test_killed_worker_on_second_host_restarts_both_and_resumes(self, two_host_run):
         node1, node2 = two_host_run.logs
-        assert two_host_run.exit_codes == [0, 0], f"node1:\n{node1}\nnode2:\n{node2}"
+        assert two_host_run.exit_codes[0] == 0, f"node1:\n{node1}\nnode2:\n{node2}"
         # node2's agent saw its worker die of the SIGKILL and spent one restart of its budget;
-        # node1's, seeing node2 back at the rendezvous, restarted its own worker with it.
+        # node1's, seeing node2 back at the rendezvous, restarted its own worker with it (and once
+        # more, alone, when node2 was gone).
         assert f"failed (exitcode: -9) local_rank: 0 (pid: {two_host_run.killed_pid})" in node2, node2
         assert "restart_count=1" in node2
-        assert node1.count(RENDEZVOUS) == node2.count(RENDEZVOUS) == 2
-        # The first start trained from scratch; the restart resumed from a snapshot of the first.
+        assert node2.count(RENDEZVOUS) == 2 and node1.count(RENDEZVOUS) == 3, node1
+        # The first start trained from scratch; the restart resumed from its step snapshot, both
+        # ranks where it left off.
         assert node1.count("Snapshot not found. Training model from scratch") == 1
-        resumed = [int(epoch) for epoch in RESUMED.findall(node1)]
-        assert len(resumed) == 1 and 1 <= resumed[0] < two_host_run.max_epochs, node1
-        after_resume = node1.split("Resuming training from snapshot")[1]
-        trained_after = sorted({epoch for _, epoch, _, _ in losses(after_resume)})
-        assert trained_after == list(range(resumed[0] + 1, two_host_run.max_epochs + 1)), after_resume
-        assert SAVED.findall(after_resume)[-1] == str(two_host_run.max_epochs)
-        finished = torch.load(two_host_run.snapshot, weights_only=True)["finished_epoch"]
-        assert finished == two_host_run.max_epochs
+        restarted = node1.split("group_world_size=2")[2].split("group_world_size=1")[0]  # the 2nd world of 2
+        step, sample = RESUMED_AT_STEP.search(restarted).groups()
+        assert int(step) >= 20 and int(sample.replace(",", "")) == int(step) * 32 * 2, restarted
+        assert {epoch for _, epoch, _, _ in losses(restarted)} == {1}
 
-
-@pytest.fixture(scope="class")
-def elastic_run(text_file, tmp_path_factory) -> TwoHostRun:
-    """`torchrun --nnodes=1:2` on node1 and node2; once a mid-epoch snapshot is written, node2 is
-    removed whole (its agent and worker SIGKILLed): node1 carries on alone from that snapshot."""
-    skip_unless_possible(namespaces_unavailable())
-    root = tmp_path_factory.mktemp("elastic")
-    snapshot = root / "snap.pt"
-    env = {**submitting_environment(), "OMP_NUM_THREADS": "1", "LOGLEVEL": "INFO",
-           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    # A short last call: once node2 is gone, node1 need not wait long for more nodes to join.
-    torchrun = [*TORCHRUN, "--nnodes=1:2", "--nproc_per_node=1", "--rdzv_backend=c10d",
-                f"--rdzv_endpoint={TwoHosts.NAMES[0]}:29500", f"--rdzv_id={uuid.uuid4().hex}",
-                "--rdzv_conf=last_call_timeout=3", "--max-restarts=3", MAIN,
-                *tiny_overrides(text_file, snapshot, trainer_config__save_every_steps=20,
-                                trainer_config__max_epochs=2, trainer_config__log_every=10)]
-    logs = [root / f"{name}.log" for name in TwoHosts.NAMES]
-    with TwoHosts(root) as hosts:
-        # node2 goes first and waits for node1's rendezvous store: had node1 started first, a slow
-        # node2 could miss its last call, and node1 would train alone before the two-node world.
-        # (Ranks follow the sorted host names, so node1 is still global rank 0.)
-        agents = [None, hosts.popen(1, torchrun, logs[1], env)]
-        wait_for(lambda: "Starting elastic_operator" in read(logs[1]), 60, "node2's agent")
-        agents[0] = hosts.popen(0, torchrun, logs[0], env)
-        wait_for(lambda: "Snapshot saved at step 20" in read(logs[0])
-                 or any(a.poll() is not None for a in agents), 240, "a mid-epoch snapshot")
-        assert all(a.poll() is None for a in agents), f"torchrun ended before the kill:\n{read(logs[0])}"
-        hosts.remove_host(1)
-        wait_for(lambda: agents[0].poll() is not None, 300, "node1's torchrun to finish alone")
-        exit_codes = [a.wait() for a in agents]
-    return TwoHostRun([read(log) for log in logs], exit_codes, agents[1].pid, snapshot, max_epochs=2)
-
-
-class TestElastic:
-    def test_a_lost_host_leaves_the_other_training_alone_from_the_exact_sample(self, elastic_run):
-        node1, _ = elastic_run.logs
-        assert elastic_run.exit_codes[0] == 0, node1
-        assert "group_world_size=2" in node1 and "group_world_size=1" in node1, node1
-        after = node1.split("group_world_size=2", 1)[1].split("group_world_size=1", 1)[1]  # the shrink
+    def test_a_lost_host_leaves_the_other_training_alone_from_the_exact_sample(self, two_host_run):
+        node1, _ = two_host_run.logs
+        after = node1.split("group_world_size=1", 1)[1]  # the world node1 was left alone in
         match = re.search(r"resumed by 1: epoch 1 continues at sample ([\d,]+)", after)
         assert match, after
-        step = int(re.search(r"Resuming training from snapshot at Epoch 0 \(step (\d+),", after).group(1))
-        assert step >= 20 and int(match.group(1).replace(",", "")) == step * 32 * 2
-        assert torch.load(elastic_run.snapshot, weights_only=True)["finished_epoch"] == elastic_run.max_epochs
+        step = int(RESUMED_AT_STEP.search(after).group(1))
+        assert step >= 40 and int(match.group(1).replace(",", "")) == step * 32 * 2
+        assert SAVED.findall(after)[-1] == "1"
+        assert torch.load(two_host_run.snapshot, weights_only=True)["finished_epoch"] == two_host_run.max_epochs
 
 
 # -- HSDP across the two hosts ------------------------------------------------------------------
@@ -386,8 +368,9 @@ def hsdp_chain(text_file, tmp_path_factory) -> HsdpChain:
     fsdp: 2 ranks on this host, 10 steps. hsdp: node1 and node2 with 2 ranks each, a 2 x 2 mesh,
     loading FSDP's sharded snapshot and then its single file (recording what each left on every
     rank), finishing the epoch with bf16, CPU offload and 2-micro-batch accumulation (FSDP's paths,
-    on a 2-D mesh), and recording each rank's shards at the end. ddp: 2 ranks on this host, resuming
-    HSDP's sharded snapshot for 5 more steps."""
+    on a 2-D mesh), and recording each rank's shards at the end. ddp: one process on this host
+    (`python main.py`: the 4 ranks' shards resharded onto 1), resuming HSDP's sharded snapshot for
+    5 more steps."""
     skip_unless_possible(namespaces_unavailable())
     root = tmp_path_factory.mktemp("hsdp")
     snapshot, sharded, shards = root / "chain.pt", root / "sharded", root / "shards"
@@ -414,7 +397,7 @@ def hsdp_chain(text_file, tmp_path_factory) -> HsdpChain:
     hsdp_step = torch.load(snapshot, weights_only=True)["step"]
     ddp = run_main(tiny_overrides(text_file, sharded, trainer_config__distributed_method="ddp",
                                   trainer_config__snapshot_format="sharded",
-                                  trainer_config__max_steps=hsdp_step + DDP_STEPS), nproc=2)
+                                  trainer_config__max_steps=hsdp_step + DDP_STEPS))
     return HsdpChain(fsdp.stdout + fsdp.stderr, [read(log) for log in logs], ddp.stdout + ddp.stderr,
                      [a.returncode for a in agents], hsdp_step, snapshot, sharded, shards)
 
