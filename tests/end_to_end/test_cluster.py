@@ -332,7 +332,8 @@ class TestTwoHosts:
         step = int(RESUMED_AT_STEP.search(after).group(1))
         assert step >= 40 and int(match.group(1).replace(",", "")) == step * 32 * 2
         assert SAVED.findall(after)[-1] == "1"
-        assert torch.load(two_host_run.snapshot, weights_only=True)["finished_epoch"] == two_host_run.max_epochs
+        finished = torch.load(two_host_run.snapshot, weights_only=True)["finished_epoch"]
+        assert finished == two_host_run.max_epochs
 
 
 # -- HSDP across the two hosts ------------------------------------------------------------------
