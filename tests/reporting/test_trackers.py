@@ -4,6 +4,7 @@ import os
 import signal
 import socket
 import struct
+import sys
 from pathlib import Path
 
 import pytest
@@ -184,7 +185,8 @@ def mlflow_runs(folder: Path):
 
 def test_a_two_rank_run_stopped_and_resumed_is_one_tracked_run_with_every_step_once(text_file, tmp_path):
     """Rank 0 alone tracks; the SIGTERM stop ends the tracked runs at a step boundary and the resumed
-    run continues them (their ids are in the snapshot), each step once, with the file's values."""
+    run (one process: an elastic restart at another world size) continues them (their ids are in
+    the snapshot), each step once, with the file's values."""
     snapshot, text = tmp_path / "snap.pt", tmp_path / "half.txt"
     text.write_text(text_file.read_text()[:3000])  # an epoch of 42 steps
     overrides = tiny_overrides(text, snapshot, trainer_config__log_every=10,
@@ -194,7 +196,7 @@ def test_a_two_rank_run_stopped_and_resumed_is_one_tracked_run_with_every_step_o
     process.send_signal(signal.SIGTERM)
     output = "".join(seen) + process.communicate(timeout=120)[0]
     assert "Stopping on SIGTERM: snapshot saved at step" in output, output
-    resumed = run(command)
+    resumed = run([sys.executable, MAIN, *overrides])
     assert_ok(resumed)
     assert "Resuming training from snapshot" in resumed.stdout
 
