@@ -2,7 +2,6 @@
 import contextlib
 import hashlib
 import http.server
-import json
 import os
 import random
 import re

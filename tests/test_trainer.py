@@ -4,7 +4,7 @@ import re
 
 import pytest
 import torch
-from helpers import assert_ok, run_main, run_main_in_process, tiny_overrides
+from helpers import assert_ok, run_main_in_process, tiny_overrides
 
 from mingpt.reporting.errors import ConfigError
 from mingpt.reporting.metrics import default_metrics_path, read_metrics

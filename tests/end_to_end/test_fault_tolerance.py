@@ -40,10 +40,11 @@ def unbroken(ddp_two_epochs):
     return final_state(ddp_two_epochs.snapshots[-1])
 
 
-@pytest.fixture(scope="module")
-def unbroken_first_epoch(ddp_two_epochs):
-    """Where they stand after the first epoch: a one-epoch run's end (the learning rate is constant)."""
-    return final_state(ddp_two_epochs.snapshots[0])
+def unbroken_after(request, method: str, epochs: int) -> dict:
+    """Where the suite's unbroken 2-rank run of the method stands after epochs: a run of that many
+    epochs ends there (the learning rate is constant)."""
+    run = request.getfixturevalue(f"{method}_two_epochs")
+    return final_state(run.snapshots[epochs - 1])
 
 
 AT_STEP_30 = "Resuming training from snapshot at Epoch 0 (step 30, sample 1920 of epoch 1)"
@@ -54,28 +55,28 @@ SHARDED = {"trainer_config__snapshot_format": "sharded"}
 
 # Kill points: during a snapshot's write, then (in the restarted attempt) during the eval pass after
 # epoch 1's snapshot, over two epochs; mid-epoch after a background save, over one. (Mid-epoch with
-# synchronous saves, the SIGTERM tests below resume from a step snapshot, and FSDP's in
-# test_parallel.py is killed mid-epoch.)
-@pytest.mark.parametrize("faults, fault_ranks, resumed_from, epochs, settings", [
+# synchronous saves, the SIGTERM tests below resume from a step snapshot.)
+@pytest.mark.parametrize("method, faults, fault_ranks, resumed_from, epochs, settings", [
     # The writer itself, half-way through the step-40 snapshot: the one of step 30 is resumed; then
     # rank 1, as the eval pass after epoch 1 starts: epoch 1's snapshot is resumed.
-    pytest.param(["snapshot_write:40", "eval:1"], [0, 1], [AT_STEP_30, AT_EPOCH_1], 2, {},
+    pytest.param("ddp", ["snapshot_write:40", "eval:1"], [0, 1], [AT_STEP_30, AT_EPOCH_1], 2, {},
                  id="mid-write-then-mid-eval"),
     # Snapshots written in the background while training went on to step 37: each holds its step.
-    pytest.param(["step:37"], [1], [AT_STEP_30], 1, ASYNC, id="async"),
-    pytest.param(["step:37"], [1], [AT_STEP_30], 1, {**ASYNC, **SHARDED}, id="async-sharded"),
+    # FSDP's full state is gathered from the shards for the background writer.
+    pytest.param("fsdp", ["step:37"], [1], [AT_STEP_30], 1, ASYNC, id="fsdp-async"),
+    pytest.param("ddp", ["step:37"], [1], [AT_STEP_30], 1, {**ASYNC, **SHARDED}, id="async-sharded"),
 ])
-def test_killed_worker_restarts_and_ends_bitwise_equal(text_file, tmp_path, unbroken, unbroken_first_epoch,
-                                                       faults, fault_ranks, resumed_from, epochs, settings):
+def test_killed_worker_restarts_and_ends_bitwise_equal(request, text_file, tmp_path, method, faults, fault_ranks,
+                                                       resumed_from, epochs, settings):
     sharded = settings.get("trainer_config__snapshot_format") == "sharded"
     snapshot = tmp_path / ("snaps" if sharded else "snap.pt")
     result = run_with_restarts(text_file, snapshot, ",".join(faults), ",".join(map(str, fault_ranks)),
-                               epochs=epochs, **settings)
+                               method=method, epochs=epochs, **settings)
     for rank in fault_ranks:  # each planted SIGKILL happened
         assert f"failed (exitcode: -9) local_rank: {rank}" in result.stderr
     for resumed in resumed_from:
         assert resumed in result.stdout
-    assert_same_state(newest_state(snapshot), unbroken if epochs == 2 else unbroken_first_epoch)
+    assert_same_state(newest_state(snapshot), unbroken_after(request, method, epochs))
 
 
 def newest_state(snapshot):
