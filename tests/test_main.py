@@ -169,13 +169,14 @@ def test_snapshot_of_another_vocabulary_is_refused(text_file, tmp_path, trained_
     assert "another vocabulary" in one_error_line(result)
 
 
-def test_corrupt_snapshot_is_refused_and_untouched(text_file, trained_snapshot):
+def test_corrupt_snapshot_is_refused_and_untouched(text_file, trained_snapshot, capsys):
+    """(A damaged snapshot met by two processes under torchrun: tests/end_to_end/test_distributed.py.)"""
     content = trained_snapshot.read_bytes()[: 2000]
     trained_snapshot.write_bytes(content)
-    result = run_main(tiny_overrides(text_file, trained_snapshot, trainer_config__max_epochs=2))
+    result = run_main_in_process(tiny_overrides(text_file, trained_snapshot, trainer_config__max_epochs=2),
+                                 capsys)
     assert "cannot be loaded" in one_error_line(result)
     assert trained_snapshot.read_bytes() == content
-
 
 
 def test_snapshot_whose_pickle_calls_a_function_runs_nothing(text_file, trained_snapshot, tmp_path, capsys):
