@@ -79,7 +79,8 @@ def test_multirun_sweeps(text_file, tmp_path):
     snapshot = tmp_path / "snap_${gpt_config.n_embd}.pt"
     in_repo = lambda: set((REPO / "multirun").rglob("*"))  # noqa: E731
     before = in_repo()
-    result = run_main(["-m", *tiny_overrides(text_file, snapshot, gpt_config__n_embd="16,32")], cwd=tmp_path)
+    overrides = tiny_overrides(text_file, snapshot, gpt_config__n_embd="16,32", trainer_config__max_steps=3)
+    result = run_main(["-m", *overrides], cwd=tmp_path)
     assert_ok(result)
     widths = [read_snapshot(str(tmp_path / f"snap_{n}.pt")).model_config["n_embd"] for n in (16, 32)]
     assert widths == [16, 32]

@@ -106,11 +106,12 @@ def test_an_error_on_one_rank_alone_is_reported_by_that_rank(text_file, tmp_path
 
 def test_a_text_behind_a_url_is_read_by_one_rank_while_the_other_waits(tmp_path):
     body = make_text(6000).encode()
-    overrides = tiny_overrides("unused", tmp_path / "snap.pt", data_config__cache_dir=tmp_path / "cache")
+    overrides = tiny_overrides("unused", tmp_path / "snap.pt", data_config__cache_dir=tmp_path / "cache",
+                               trainer_config__max_steps=3)
     with serving(body) as (url, requests):
         prepare_corpus(DataConfig(path=url, cache_dir=str(tmp_path / "alone")))
         one_reader = len(requests)  # the requests fsspec makes to read it once
         result = run_main([o.replace("unused", url) for o in overrides], nproc=2)
     assert_ok(result)
     assert len(requests) == 2 * one_reader
-    assert "Snapshot saved at epoch 1" in result.stdout
+    assert "Snapshot saved at step 3 (the last)" in result.stdout
