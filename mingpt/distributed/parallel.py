@@ -228,16 +228,19 @@ def grad_scaler(model: nn.Module, precision: Precision, env: DistEnv) -> torch.a
 
 class FusedShardedGradScaler(ShardedGradScaler):
     """ShardedGradScaler whose overflow flag the fused AdamW takes, so that a step never waits for
-    the host. Its flag has shape (1,), which the fused kernel refuses (it subtracts the flag from the
-    0-d step counts), and without the fused kernel GradScaler reads the flag with .item() to decide
-    whether to step: a host sync at every step. After unscale_ (which all-reduces the flag over the
-    ranks) the flags become 0-d views, as GradScaler's own are.
+    the host. Without the fused kernel GradScaler reads the flag with .item() to decide whether to
+    step: a host sync at every step. The fused kernel needs the flag as GradScaler makes it, and
+    ShardedGradScaler's is not: it has shape (1,), which the kernel refuses (it subtracts the flag
+    from the 0-d step counts), and unscale_ all-reduces it as a sum over the ranks, so it holds the
+    number of ranks whose shard overflowed, while the kernel skips the step only on exactly 1 (on 2
+    it applies the inf gradients and the weights turn to NaN). After unscale_ each flag is 0 or 1,
+    a 0-d view.
     """
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         super().unscale_(optimizer)
         state = self._per_optimizer_states[id(optimizer)]
-        state["found_inf_per_device"] = {device: found_inf.reshape(())
+        state["found_inf_per_device"] = {device: found_inf.clamp_(max=1.0).reshape(())
                                          for device, found_inf in state["found_inf_per_device"].items()}
 
 

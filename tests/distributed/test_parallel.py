@@ -1,23 +1,16 @@
 """FSDP against DDP with real 2-process torchrun runs on the CPU (gloo), fp32.
 
 Runs share one schedule: a tiny model, 2 epochs of about 90 steps, a snapshot after each epoch.
-(An FSDP rank killed mid-epoch and restarted: tests/end_to_end/test_fault_tolerance.py.)
+(An FSDP rank killed mid-epoch and restarted: tests/end_to_end/test_fault_tolerance.py; FSDP with fp16
+and its sharded grad scaler: tests/distributed/test_precision.py.)
 """
 import json
 import shutil
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import (
-    TORCHRUN,
-    WORKER_SCRIPTS,
-    assert_ok,
-    run,
-    run_main,
-    tiny_overrides,
-)
+from helpers import assert_ok, run_main, tiny_overrides
 from state_equality import assert_same_state
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.tensor import Replicate, Shard
@@ -153,29 +146,6 @@ def test_snapshots_resume_across_methods_and_world_sizes(runs, text_file, tmp_pa
     if nproc == 2:  # same data per step: the losses follow the unbroken run's (without offload) closely
         assert resumed == pytest.approx(unbroken, rel=1e-3)
     assert max(resumed) < step_losses(runs["fsdp1"], epoch=1)[0] - 0.5, "resumed from untrained weights"
-
-
-FP16_PROBE = WORKER_SCRIPTS / "fsdp_fp16_probe.py"
-
-
-def fp16_run(launcher: list, method: str, snapshots) -> tuple[str, float, float, float]:
-    """(scaler class, first loss, last loss, loss scale) of 30 fp16 steps of fsdp_fp16_probe.py."""
-    result = run([*launcher, FP16_PROBE, method, snapshots])
-    assert_ok(result)
-    _, scaler, first, last, scale = next(line for line in result.stdout.splitlines()
-                                         if line.startswith("FP16 ")).split()
-    return scaler, float(first), float(last), float(scale)
-
-
-def test_fsdp_fp16_trains_with_the_sharded_grad_scaler_and_ddp_resumes_it(tmp_path):
-    """FSDP+fp16 steps the fused AdamW with the sharded scaler's overflow flag (all-reduced over the
-    ranks); a DDP+fp16 run resuming its snapshot keeps its own optimizer's build flags."""
-    scaler, first, last, scale = fp16_run([*TORCHRUN, "--standalone", "--nproc_per_node=2"], "fsdp", tmp_path)
-    assert scaler == "FusedShardedGradScaler"
-    assert last < first - 1.0 and scale > 1.0
-    scaler, first_resumed, _, _ = fp16_run([sys.executable], "ddp", tmp_path)
-    assert scaler == "GradScaler"
-    assert first_resumed < first - 1.0  # it continued from the FSDP run's weights
 
 
 @pytest.fixture(scope="module")

@@ -114,11 +114,13 @@ def fp16_run(text_file, monkeypatch, capsys, one_torch_thread):
     """fp16 runs with a GradScaler whose loss scale doubles every 3 clean steps: on 1 rank in this
     process (tests/workers/amp_probe.py's forcing, applied here), on 2 through that script."""
     from mingpt import trainer
+    from mingpt.distributed import parallel
     from workers import amp_probe
 
     monkeypatch.setenv("SCALER_GROWTH_INTERVAL", "3")
     monkeypatch.setattr(trainer, "resolve_precision", amp_probe.fp16_with_a_scaler)
     monkeypatch.setattr(torch.amp, "GradScaler", amp_probe.FastGrowingScaler)
+    monkeypatch.setattr(parallel, "FusedShardedGradScaler", amp_probe.FastGrowingShardedScaler)
 
     def run(folder, nproc, **extra):
         if nproc == 1:
@@ -159,15 +161,21 @@ def test_bf16_autocast_trains_end_to_end(text_file, tmp_path, nproc):
     assert final["finished_epoch"] == 1 and final["scaler_state"] == {}  # bf16 needs no loss scaling
 
 
-@pytest.mark.parametrize("nproc, resume_at", [(1, "epoch"), (2, "step")])
-def test_fp16_with_a_grad_scaler_trains_and_resumes_bitwise(fp16_run, tmp_path, nproc, resume_at):
+SCALERS = {"ddp": "GradScaler", "fsdp": "FusedShardedGradScaler"}
+
+
+@pytest.mark.parametrize("method, nproc, resume_at", [("ddp", 1, "epoch"), ("fsdp", 2, "step")])
+def test_fp16_with_a_grad_scaler_trains_and_resumes_bitwise(fp16_run, tmp_path, method, nproc, resume_at):
     """Two epochs unbroken, and again from one of its snapshots: every snapshot the resumed run
     writes equals the unbroken run's, weights, AdamW state and scaler state alike. The loss scale
     grows every 3 clean steps here, so it has grown and backed off after overflows (skipped steps)
-    by the snapshot: a resumed run that started from a fresh scaler would skip other steps."""
+    by the snapshot: a resumed run that started from a fresh scaler would skip other steps. Under
+    FSDP the scaler is the sharded one (each rank sees a shard of the gradients, so the overflow
+    flag is all-reduced), and a DDP run in one process then resumes its last snapshot."""
     unbroken = tmp_path / "unbroken"
-    result = fp16_run(unbroken, nproc, trainer_config__max_epochs=2)
+    result = fp16_run(unbroken, nproc, trainer_config__max_epochs=2, trainer_config__distributed_method=method)
     assert "; fp16 mixed precision + GradScaler;" in world_line(result)
+    assert f"Scaler: {SCALERS[method]}\n" in result.stdout
     losses = step_losses(unbroken)
     assert losses[-1] < losses[0] - 0.5, "fp16 did not train"
     expected = snapshots(unbroken)
@@ -177,7 +185,8 @@ def test_fp16_with_a_grad_scaler_trains_and_resumes_bitwise(fp16_run, tmp_path, 
 
     (tmp_path / "resumed").mkdir()
     shutil.copy(unbroken / resume_from, tmp_path / "resumed" / resume_from)
-    result = fp16_run(tmp_path / "resumed", nproc, trainer_config__max_epochs=2)
+    result = fp16_run(tmp_path / "resumed", nproc, trainer_config__max_epochs=2,
+                      trainer_config__distributed_method=method)
     where = ("" if resume_at == "epoch"
              else f" (step {saved['step']}, sample {saved['epoch_samples']} of epoch 1)")
     assert f"Resuming training from snapshot at Epoch {saved['finished_epoch']}{where}\n" in result.stdout
@@ -186,6 +195,20 @@ def test_fp16_with_a_grad_scaler_trains_and_resumes_bitwise(fp16_run, tmp_path, 
     for name, snapshot in written.items():
         for key in ("step", "scaler_state", "model_state", "optimizer_state"):
             assert_same_state(snapshot[key], expected[name][key], f"{name} {key}")
+    if method == "fsdp":
+        assert_ddp_continues(fp16_run, unbroken, tmp_path / "by_ddp", losses[0])
+
+
+def assert_ddp_continues(fp16_run, unbroken, folder, first_loss):
+    """DDP in one process resumes an FSDP fp16 run's last snapshot (its sharded scaler's state, its
+    fused AdamW's) for a few steps, from the trained weights."""
+    last_name, last = list(snapshots(unbroken).items())[-1]
+    folder.mkdir()
+    shutil.copy(unbroken / last_name, folder / last_name)
+    result = fp16_run(folder, 1, trainer_config__max_epochs=3, trainer_config__max_steps=last["step"] + 3)
+    assert "Scaler: GradScaler\n" in result.stdout
+    resumed = step_losses(folder)
+    assert len(resumed) == 3 and max(resumed) < first_loss - 0.5, "DDP did not continue from FSDP's weights"
 
 
 def small_trainer(tmp_path, monkeypatch, force_fp16=False, method="ddp"):
