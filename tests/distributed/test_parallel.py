@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import assert_ok, run_main, tiny_overrides
+from helpers import assert_ok, run_main, run_main_in_process, tiny_overrides
 from state_equality import assert_same_state
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.tensor import Replicate, Shard
@@ -123,11 +123,19 @@ def test_fsdp_losses_and_gradient_norms_match_ddp_step_by_step(runs):
     assert fsdp_norms == pytest.approx(ddp_norms, rel=1e-4) and min(ddp_norms) > 0
 
 
-def resume(runs, source, text_file, tmp_path, method, nproc, **extra):
-    """Continue a one-epoch snapshot for a second epoch; return the run's output and that epoch's losses."""
+def resume(runs, source, text_file, tmp_path, method, nproc, capsys, **extra):
+    """Continue a one-epoch snapshot into a second epoch (one process: in this one, for a few steps);
+    return the run's output and that epoch's losses."""
     snapshot = tmp_path / "resumed.pt"
     shutil.copy(runs[source], snapshot)
-    result = train(text_file, snapshot, method, epochs=2, nproc=nproc, **extra)
+    if nproc == 1:
+        steps = torch.load(snapshot, weights_only=True)["step"] + 5
+        overrides = tiny_overrides(text_file, snapshot, trainer_config__distributed_method=method,
+                                   trainer_config__max_epochs=2, trainer_config__max_steps=steps, **extra)
+        result = run_main_in_process(overrides, capsys)
+        assert_ok(result)
+    else:
+        result = train(text_file, snapshot, method, epochs=2, nproc=nproc, **extra)
     assert "Resuming training from snapshot at Epoch 1" in result.stdout
     return result.stdout, step_losses(snapshot, epoch=2)
 
@@ -137,15 +145,16 @@ def resume(runs, source, text_file, tmp_path, method, nproc, **extra):
     ("ddp1", "fsdp", 2, True),
     ("fsdp1", "ddp", 1, False),   # FSDP -> DDP, 2 ranks -> 1 (2 -> 2 and HSDP's hops: test_cluster.py)
 ])
-def test_snapshots_resume_across_methods_and_world_sizes(runs, text_file, tmp_path, source, method, nproc,
-                                                         offload):
-    output, resumed = resume(runs, source, text_file, tmp_path, method, nproc,
+def test_snapshots_resume_across_methods_and_world_sizes(runs, text_file, tmp_path, capsys, one_torch_thread,
+                                                         source, method, nproc, offload):
+    output, resumed = resume(runs, source, text_file, tmp_path, method, nproc, capsys,
                              trainer_config__cpu_offload=offload)
     assert ("with CPU offload" in output) == offload
     unbroken = step_losses(runs["fsdp2"], epoch=2)
     if nproc == 2:  # same data per step: the losses follow the unbroken run's (without offload) closely
         assert resumed == pytest.approx(unbroken, rel=1e-3)
-    assert max(resumed) < step_losses(runs["fsdp1"], epoch=1)[0] - 0.5, "resumed from untrained weights"
+    first_loss = step_losses(runs["fsdp1"], epoch=1)[0]
+    assert resumed and max(resumed) < first_loss - 0.5, "resumed from untrained weights"
 
 
 @pytest.fixture(scope="module")
