@@ -223,15 +223,15 @@ def say_once(error: MinGPTError, origin: str) -> None:
 
 def said_by_local_rank_zero() -> bool:
     """For an error every process of a machine meets before any process group exists (the same
-    command line everywhere): whether this process leaves it to local rank 0 of its torchrun, and has
-    waited for that process to end (exiting first, it would have torchrun stop the speaker before it
-    has spoken). Local rank 0 itself, or a process outside torchrun, says it (False)."""
-    if os.environ.get("LOCAL_RANK", "0") == "0":
+    command line everywhere): whether this process leaves it to local rank 0 of its launcher, and has
+    waited for that process to end (exiting first, it would have the launcher stop the speaker before
+    it has spoken). Local rank 0 itself, or a process no launcher started, says it (False). A local
+    rank 0 that cannot be found has ended already: it met the same line first and said it."""
+    if os.environ.get("LOCAL_RANK", "0") == "0" or not launched_by_torchrun():
         return False
     speaker = local_rank_zero()
-    if speaker is None:
-        return False
-    psutil.wait_procs([speaker], timeout=SAY_TIMEOUT.total_seconds())
+    if speaker is not None:
+        psutil.wait_procs([speaker], timeout=SAY_TIMEOUT.total_seconds())
     return True
 
 

@@ -45,6 +45,18 @@ def test_the_interface_gloo_uses_across_machines_is_named(monkeypatch):
         "set GLOO_SOCKET_IFNAME)")
 
 
+@pytest.mark.parametrize("local_rank, said_by_another", [("0", False), ("1", True)])
+def test_a_mistake_on_every_command_line_is_local_rank_zeros_to_say(monkeypatch, local_rank, said_by_another):
+    """Local rank 1 leaves it to local rank 0, even once that process is gone (here it never ran):
+    a fast local rank 0 says it and exits before a slow local rank 1 looks for it (twice, before)."""
+    monkeypatch.setenv("LOCAL_RANK", local_rank)
+    monkeypatch.setenv("RANK", local_rank)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert process_group.said_by_local_rank_zero() == said_by_another
+    monkeypatch.delenv("RANK")  # a process no launcher started says it itself
+    assert not process_group.said_by_local_rank_zero()
+
+
 def timeout_s(group: dist.ProcessGroup) -> float:
     """A group's collective timeout (through a private attribute: pinned by the test below)."""
     return group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
