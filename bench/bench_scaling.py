@@ -67,8 +67,8 @@ def compare(args: argparse.Namespace, on_gpus: bool) -> dict:
             "efficiency": many["tokens_per_s"] / one["tokens_per_s"]}
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv=None) -> None:
+    args = parse_args(argv)
     if args.worker:
         worker(args)
         return

@@ -197,12 +197,12 @@ SCENARIOS = {
 }
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenario names")
     default_out = RESULTS / ("gpu/multi_rank_cuda.json" if ON_GPU else "multi_rank_cpu.json")
     parser.add_argument("--out", type=Path, default=default_out)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     names = args.only.split(",")
     unknown = sorted(set(names) - set(SCENARIOS))
     if unknown:

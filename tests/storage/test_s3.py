@@ -80,14 +80,15 @@ def test_two_processes_keep_the_newest_step_snapshots_in_an_s3_folder(text_file,
     # 85 steps: snapshots at steps 20, 40, 60, 80 and 85 (the epoch); the newest two are kept.
     assert folder_names(s3_fs, f"{s3.bucket}/folder") == ["metrics.jsonl", "snapshot_000000080.pt",
                                                           "snapshot_000000085.pt"]
-    resumed = run_main_in_process([*overrides, "trainer_config.max_epochs=2"], capsys)
+    resumed = run_main_in_process([*overrides, "trainer_config.max_epochs=2", "trainer_config.max_steps=125"],
+                                  capsys)
     assert_ok(resumed)
     assert "Resuming training from snapshot at Epoch 1" in resumed.stdout
     s3_fs.invalidate_cache()  # the listing above is cached
-    # One rank: 169 steps more, snapshots at steps 100, 120, ..., 240 and 254 (the epoch).
-    assert folder_names(s3_fs, f"{s3.bucket}/folder") == ["metrics.jsonl", "snapshot_000000240.pt",
-                                                          "snapshot_000000254.pt"]
-    assert load_object(s3_fs, f"{s3.bucket}/folder/snapshot_000000254.pt")["finished_epoch"] == 2
+    # One rank, 40 steps more: snapshots at steps 100, 120 and 125 (the last).
+    assert folder_names(s3_fs, f"{s3.bucket}/folder") == ["metrics.jsonl", "snapshot_000000120.pt",
+                                                          "snapshot_000000125.pt"]
+    assert load_object(s3_fs, f"{s3.bucket}/folder/snapshot_000000125.pt")["step"] == 125
 
 
 def bytes_in_flight(fs, bucket: str, prefix: str) -> list[int]:
