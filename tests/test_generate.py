@@ -107,13 +107,13 @@ def test_a_snapshot_folder_gives_its_newest_snapshot(snapshot, tmp_path, capsys)
     assert from_folder == from_file and from_file[0] == 0
 
 
-def test_unknown_prompt_characters_are_named_in_one_line(snapshot):
-    result = run_generate("--snapshot", snapshot, "--prompt", "ROMEO: Zounds!")
-    line = one_error_line(result.returncode, result.stderr, result.stdout)
+def test_unknown_prompt_characters_are_named_in_one_line(snapshot, capsys):
+    status, out, err = generate_in_process(capsys, "--snapshot", snapshot, "--prompt", "ROMEO: Zounds!")
+    line = one_error_line(status, err, out)
     # make_text has no 'R', 'E', ':', 'Z' or '!'; each is named once, in prompt order.
     assert line.startswith("error: --prompt: 'R', 'E', ':', 'Z', '!' not in the snapshot's vocabulary")
     assert "use only characters of the text it was trained on" in line
-    assert result.stdout == ""
+    assert out == ""
 
 
 def test_a_missing_snapshot_says_how_to_get_one(tmp_path, capsys):
