@@ -15,7 +15,7 @@ def python_files(*folders: str) -> list:
 
 
 def test_no_code_edits_the_import_path():
-    """The project is installed (pip install -e .): no file reaches for its modules by sys.path."""
+    """The project is installed (pip install -e .): no file edits the import path to reach its modules."""
     edits = re.compile(r"sys\.path\.(insert|append)|PYTHONPATH=str\(MINGPT\)")
     offenders = [str(path.relative_to(REPO)) for path in python_files(*SOURCE_FOLDERS)
                  if path.name != "test_layout.py" and edits.search(path.read_text())]
