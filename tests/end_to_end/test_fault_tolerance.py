@@ -253,18 +253,23 @@ def trained_samples(folder) -> dict[int, list[int]]:
     return by_epoch
 
 
-def test_a_mid_epoch_snapshot_resumed_at_another_world_size_trains_each_sample_once(text_file, tmp_path):
-    """2 ranks stop mid-epoch (a step budget); 1 rank finishes the epoch from that sample on."""
+def test_a_mid_epoch_snapshot_resumed_at_another_world_size_trains_each_sample_once(
+        text_file, tmp_path, capsys, monkeypatch, one_torch_thread):
+    """2 ranks stop mid-epoch (a step budget); 1 rank (main.run() in this process) finishes the epoch
+    from that sample on."""
+    from mingpt.tokens.data_loader import GlobalOrderSampler
+    from workers.fault_injection import record_samples
+
     snapshot, record = tmp_path / "snap.pt", tmp_path / "samples"
     record.mkdir()
-    entry = WORKER_SCRIPTS / "fault_injection.py"
-    first = run([*TORCHRUN, "--standalone", "--nproc_per_node=2", entry,
+    first = run([*TORCHRUN, "--standalone", "--nproc_per_node=2", WORKER_SCRIPTS / "fault_injection.py",
                  *tiny_overrides(text_file, snapshot, trainer_config__max_steps=30)],
                 env={"RECORD_SAMPLES": str(record)})
     assert_ok(first)
     assert "Snapshot saved at step 30 (the last)" in first.stdout
-    second = run([sys.executable, entry, *tiny_overrides(text_file, snapshot)],
-                 env={"RECORD_SAMPLES": str(record)})
+    monkeypatch.setattr(GlobalOrderSampler, "__iter__", GlobalOrderSampler.__iter__)  # put back after
+    record_samples(str(record))
+    second = run_main_in_process(tiny_overrides(text_file, snapshot), capsys)
     assert_ok(second)
     assert "resumed by 1: epoch 1 continues at sample 1,920" in second.stderr + second.stdout
     samples = trained_samples(record)[1]
