@@ -86,15 +86,6 @@ def test_host_buffers_hand_a_buffer_out_again_only_once_nothing_refers_to_it():
     assert buffers.get(500, torch.float32).numel() == 500
 
 
-def train(text_file, snapshot, method="fsdp", epochs=1, nproc=2, **extra):
-    """Run main.py; return the per-step train losses of its metrics file."""
-    overrides = tiny_overrides(text_file, snapshot, trainer_config__distributed_method=method,
-                               trainer_config__max_epochs=epochs, **extra)
-    result = run_main(overrides, nproc=nproc if nproc > 1 else None)
-    assert_ok(result)
-    return result
-
-
 def step_losses(snapshot, epoch=None, value="loss"):
     """Train losses (or another value of the train lines) of the run that wrote snapshot (a file of
     a snapshot folder: the folder's run)."""
@@ -124,18 +115,16 @@ def test_fsdp_losses_and_gradient_norms_match_ddp_step_by_step(runs):
 
 
 def resume(runs, source, text_file, tmp_path, method, nproc, capsys, **extra):
-    """Continue a one-epoch snapshot into a second epoch (one process: in this one, for a few steps);
-    return the run's output and that epoch's losses."""
+    """Continue a one-epoch snapshot into a second epoch: on 2 ranks to its end, in one process (this
+    one) for five steps; return the run's output and that epoch's losses."""
     snapshot = tmp_path / "resumed.pt"
     shutil.copy(runs[source], snapshot)
     if nproc == 1:
-        steps = torch.load(snapshot, weights_only=True)["step"] + 5
-        overrides = tiny_overrides(text_file, snapshot, trainer_config__distributed_method=method,
-                                   trainer_config__max_epochs=2, trainer_config__max_steps=steps, **extra)
-        result = run_main_in_process(overrides, capsys)
-        assert_ok(result)
-    else:
-        result = train(text_file, snapshot, method, epochs=2, nproc=nproc, **extra)
+        extra["trainer_config__max_steps"] = torch.load(snapshot, weights_only=True)["step"] + 5
+    overrides = tiny_overrides(text_file, snapshot, trainer_config__distributed_method=method,
+                               trainer_config__max_epochs=2, **extra)
+    result = run_main_in_process(overrides, capsys) if nproc == 1 else run_main(overrides, nproc=nproc)
+    assert_ok(result)
     assert "Resuming training from snapshot at Epoch 1" in result.stdout
     return result.stdout, step_losses(snapshot, epoch=2)
 
