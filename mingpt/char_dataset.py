@@ -99,12 +99,15 @@ class CharDataset(Dataset):
         vocabulary = Vocabulary.from_json(tokens.tokenizer) if tokens.tokenizer else Vocabulary(tokens.vocab)
         dataset._setup(tokens.ids[:length], vocabulary.tokens, block_size,
                        whole_text=length == tokens.n_tokens or not vocabulary.is_char, vocabulary=vocabulary)
+        dataset.text_length = tokens.n_tokens
         return dataset
 
     def _setup(self, ids: np.ndarray, vocab: list[str], block_size: int, whole_text: bool,
                vocabulary: Optional[Vocabulary] = None) -> None:
         self.block_size = block_size
         self.ids = ids
+        self.text_length = len(ids)
+        """Tokens in the whole text, before data_config.truncate kept its leading share (ids)."""
         self._id_map: Optional[np.ndarray] = None
         self.vocabulary = vocabulary or Vocabulary(vocab)
         """The tokens and how text becomes them: what a snapshot keeps to decode the model's output."""
@@ -146,6 +149,15 @@ class CharDataset(Dataset):
         """Token ids (int64) of the text at these character positions."""
         ids = self.ids[positions]
         return torch.from_numpy((self._id_map[ids] if self._id_map is not None else ids).astype(np.int64))
+
+    @property
+    def kept(self) -> str:
+        """How much of the text trains and tests: "55,769 characters", or what truncate dropped."""
+        kept = f"{self.num_chars:,} {self.unit}"
+        if self.num_chars == self.text_length:
+            return kept
+        share = self.num_chars / self.text_length
+        return f"{kept} (the first {share:.0%} of its {self.text_length:,}: data_config.truncate)"
 
     @property
     def unit(self) -> str:

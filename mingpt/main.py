@@ -7,8 +7,10 @@ Hydra composes gpt2_train_cfg.yaml over the typed schema below, so a misspelt ke
 wrong type is refused before anything runs; the result is turned into dataclasses once, here, and
 their checks reject out-of-range values with one line naming the key.
 """
+import dataclasses
 import os
 import sys
+from pathlib import Path
 from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
@@ -18,12 +20,12 @@ import torch.distributed as dist
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from mingpt.char_dataset import REPO_ROOT, CharDataset, DataConfig, open_corpus, prepare_corpus, split_dataset
+from mingpt.char_dataset import DEFAULT_CORPUS, REPO_ROOT, CharDataset, DataConfig, open_corpus, prepare_corpus, split_dataset
 from mingpt.distributed.control import INTERRUPT_EXIT_STATUS, RunStopped, record_clean_stop
 from mingpt.distributed.process_group import DistEnv, barrier, distributed_session, said_by_local_rank_zero
 from mingpt.model import GPT, GPTConfig, OptimizerConfig
-from mingpt.reporting.errors import MinGPTError, check, command, short_reason
-from mingpt.reporting.logger import configure_logging, log
+from mingpt.reporting.errors import ConfigError, MinGPTError, check, command, short_reason
+from mingpt.reporting.logger import configure_logging, log, warn_once
 from mingpt.reporting.trackers import TrackerConfig
 from mingpt.storage.gpt2_folder import GPT2Folder, open_folder
 from mingpt.trainer import Trainer, TrainerConfig
@@ -57,6 +59,10 @@ def load_dataset(config: DataConfig, env: DistEnv) -> CharDataset:
         prepare_corpus(config)
     barrier()
     dataset = open_corpus(config)
+    if dataset.num_chars < dataset.text_length and Path(config.path) != DEFAULT_CORPUS:
+        warn_once(f"data_config.truncate={config.truncate:g} keeps the first {dataset.num_chars:,} of the "
+                  f"text's {dataset.text_length:,} {dataset.unit} (the original's setting, made for "
+                  "tiny-shakespeare); data_config.truncate=1.0 trains on all of it")
     if dataset.vocabulary.is_char:
         log.info(f"Data has {dataset.num_chars} characters, {dataset.vocab_size} unique.")
     else:
@@ -113,7 +119,7 @@ def startup_summary(config: TrainConfig, dataset: CharDataset, train_set, test_s
     evaluation = (f"every {tc.eval_every_steps} steps" if tc.eval_every_steps else "every epoch") + (
         f" on {tc.eval_batches} batch(es) per process" if tc.eval_batches else "")
     *model_to_batch, snapshots = trainer.summary()
-    data_line = (f"Data: {data.path}, {dataset.num_chars:,} {dataset.unit}, "
+    data_line = (f"Data: {data.path}, {dataset.kept}, "
                  f"vocabulary of {dataset.vocab_size}; "
                  f"{len(train_set):,} train and {len(test_set):,} test samples ({data.split} split); "
                  f"evaluation {evaluation}")
@@ -155,10 +161,24 @@ def load_config(cfg: DictConfig) -> TrainConfig:
     """The typed config. Every rank reads the same command line, so a mistake in it is said by local
     rank 0 alone (no process group yet to agree through)."""
     try:
+        check_known_keys(cfg)
         return OmegaConf.to_object(cfg)
     except MinGPTError as error:
         error.said = said_by_local_rank_zero()
         raise
+
+
+def check_known_keys(node: DictConfig, prefix: str = "") -> None:
+    """Every key is one of its dataclass's fields. Hydra refuses a misspelt key, then suggests
+    `+key=value`, which adds it to the config, and OmegaConf.to_object drops it without a word:
+    the run would train with the key ignored."""
+    schema = OmegaConf.get_type(node)
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for key in node:
+        check(key in fields, f"{prefix}{key}", f"is not a key of {schema.__name__}, so nothing would read "
+              "it (a leading + adds a key); `python main.py --cfg job` prints every key")
+        if dataclasses.is_dataclass(fields[key].type):
+            check_known_keys(node[key], f"{prefix}{key}.")
 
 
 def lost_a_peer(error: Exception) -> bool:

@@ -119,11 +119,20 @@ class TrainerConfig:
         parallel.check_sharding_options(self.distributed_method, self.cpu_offload, self.reshard_after_forward)
         control.check_signal_names(self.stop_signals, "trainer_config.stop_signals")
 
+    def check_step_fits(self, train_samples: int, world_size: int) -> None:
+        """A step must fit in the training split: a larger one would make every step the whole
+        split, shorter than the step that the Batch line, tokens/s and the LR horizon count."""
+        per_rank = self.batch_size * self.grad_accum_steps
+        check(per_rank * world_size <= train_samples, "trainer_config.batch_size",
+              f"a step of {per_rank * world_size:,} samples ({self.batch_size} x {self.grad_accum_steps} "
+              f"accumulation x {world_size} process(es)) is more than the {train_samples:,} training samples; "
+              f"use at most {train_samples // (self.grad_accum_steps * world_size)}, or more data")
+
     def snapshot_policy(self) -> SnapshotPolicy:
         return SnapshotPolicy(path=self.snapshot_path, snapshot_format=self.snapshot_format,
                               keep_last=self.keep_last, async_snapshots=self.async_snapshots,
                               every_epochs=self.save_every, every_steps=self.save_every_steps,
-                              every_minutes=self.save_every_minutes, save_last_step=self.max_steps > 0)
+                              every_minutes=self.save_every_minutes)
 
 
 class Trainer:
@@ -131,6 +140,7 @@ class Trainer:
                  train_dataset: Dataset, test_dataset: Optional[Dataset], vocab: Sequence[str], env: DistEnv):
         self.config, self.optimizer_config, self.env, self.vocab = config, optimizer_config, env, vocab
         self.block_size = model.config.block_size
+        config.check_step_fits(len(train_dataset), env.world_size)
         self._place(model)
         # A training batch holds a whole optimizer step: grad_accum_steps micro-batches.
         self.train_loader, self.test_loader = rank_loaders(

@@ -36,7 +36,7 @@ def eval_summaries(output: str) -> int:
 
 
 def test_trains_snapshots_and_resumes_after_the_finished_epoch(text_file, tmp_path, capsys, one_torch_thread):
-    """Then, resumed: one eval per epoch, and a snapshot every save_every=2 epochs only (the runs
+    """Then, resumed: one eval per epoch, and a snapshot every save_every=2 epochs and at the end (the runs
     of main.run() in this process; the command's own runs are the tests that start main.py)."""
     snapshot = tmp_path / "snap.pt"
     first = run_main_in_process(tiny_overrides(text_file, snapshot, trainer_config__log_every=10), capsys)
@@ -56,8 +56,10 @@ def test_trains_snapshots_and_resumes_after_the_finished_epoch(text_file, tmp_pa
     assert {epoch for _, epoch, _, _ in losses(second.stdout)} == {2, 3}
     assert losses(second.stdout)[0][3] < train[0][3] - 0.5, "resumed from scratch weights"
     assert eval_summaries(second.stdout) == 2
-    assert second.stdout.count("Snapshot saved") == 1  # at epoch 2; epoch 3 is not a multiple of 2
-    assert torch.load(snapshot, weights_only=True)["finished_epoch"] == 2
+    # At epoch 2 by the cadence, and at epoch 3 though it is not a multiple of 2: the run's end is
+    # always saved (the original's 10 epochs every 3 left epoch 10 unsaved).
+    assert re.findall(r"Snapshot saved at (.*)", second.stdout) == ["epoch 2", "epoch 3 (the last)"]
+    assert torch.load(snapshot, weights_only=True)["finished_epoch"] == 3
 
 
 def test_runs_from_inside_mingpt(tiny_epoch):
@@ -100,6 +102,12 @@ def test_multirun_sweeps(text_file, tmp_path):
     ("data_config.train_split=1.5", "error: data_config.train_split: must be between 0 and 1"),
     ("data_config.block_size=6000", "error: data_config.block_size=6000 is not smaller than the text"),
     ("data_config.path=/nonexistent/input.txt", "error: data_config.path: no such file"),
+    # Hydra's advice for a misspelt key adds it, and to_object would drop it without a word.
+    ("+trainer_config.batch_sz=16", "error: trainer_config.batch_sz: is not a key of TrainerConfig"),
+    ("+anything=1", "error: anything: is not a key of TrainConfig"),
+    # 5,385 training samples: a larger step would be the whole split, shorter than it claims.
+    ("trainer_config.batch_size=6000", "error: trainer_config.batch_size: a step of 6,000 samples "
+     "(6000 x 1 accumulation x 1 process(es)) is more than the 5,385 training samples; use at most 5385"),
 ])
 def test_bad_input_is_one_line_naming_the_key(text_file, tmp_path, capsys, override, message):
     result = run_main_in_process([*tiny_overrides(text_file, tmp_path / "snap.pt"), override], capsys)
@@ -335,3 +343,14 @@ def test_a_bpe_run_resumes_bit_for_bit_and_its_snapshot_speaks(text_file, tmp_pa
     as_characters = run_main_in_process(characters, capsys)
     assert "is of another model: vocab_size=300 (config: 37)" in one_error_line(as_characters)
     assert sha256(last[1]) == before
+
+
+def test_truncating_a_users_own_text_is_said(text_file, tmp_path, capsys, one_torch_thread):
+    """The original's truncate=0.05 was made for tiny-shakespeare; on another text it is said, with
+    how much of the text trains, in a warning and in the Data line."""
+    result = run_main_in_process(tiny_overrides(text_file, tmp_path / "snap.pt", data_config__truncate=0.5,
+                                                trainer_config__max_steps=1), capsys)
+    assert_ok(result)
+    assert ("warning: data_config.truncate=0.5 keeps the first 3,000 of the text's 6,000 characters"
+            in result.stdout)
+    assert "3,000 characters (the first 50% of its 6,000: data_config.truncate)" in result.stdout

@@ -2,8 +2,9 @@
 
 The Trainer asks `due()` at every step and epoch boundary, the one place that decides whether a
 snapshot is due (the epoch cadence, every N steps, rank 0's timer and the stop signals as every
-rank agreed on them in control.py, the last step of a step budget), and calls `save()`; a progress
-already saved is never saved twice. A snapshot holds the model and optimizer state (single file or
+rank agreed on them in control.py, and the end of the run, whatever its budget: the original never
+saved the epochs after the last multiple of save_every), and calls `save()`; a progress already
+saved is never saved twice. A snapshot holds the model and optimizer state (single file or
 sharded, store.py and sharded_store.py), the GradScaler's state, every rank's RNG states, the
 vocabulary and the model's config. With async_snapshots the state is copied and written by a
 background thread (background_save.py): `finish()` waits for it and raises on every rank if it
@@ -45,8 +46,6 @@ class SnapshotPolicy:
     every_steps: int = 0
     every_minutes: float = 0.0
     """Kept by rank 0's timer in control.StepAgreement; here only to name the reason."""
-    save_last_step: bool = False
-    """A step budget's run (max_steps) ends with a snapshot of its last step."""
 
 
 def open_snapshot_store(policy: SnapshotPolicy, env: DistEnv) -> SnapshotStore:
@@ -121,8 +120,8 @@ class Checkpointer:
         policy, step, epoch = self.policy, progress.step, progress.finished_epoch
         if epoch_ended:
             return f"epoch {epoch}" if epoch % policy.every_epochs == 0 else None
-        if run_ended:
-            return f"step {step} (the last)" if policy.save_last_step else None
+        if run_ended:  # whatever the cadence, the work of a finished run is never lost
+            return f"epoch {epoch} (the last)" if progress.epoch_samples == 0 else f"step {step} (the last)"
         if decision.stop_signal or (policy.every_steps and step % policy.every_steps == 0):
             return f"step {step}"
         if decision.save:

@@ -24,15 +24,17 @@ def mid_epoch(step: int) -> Progress:
 
 
 def test_one_decision_names_why_a_snapshot_is_due(tmp_path):
-    due = checkpointer(tmp_path, every_epochs=2, every_steps=10, every_minutes=5, save_last_step=True).due
+    due = checkpointer(tmp_path, every_epochs=2, every_steps=10, every_minutes=5).due
     assert due(mid_epoch(7)) is None
     assert due(mid_epoch(10)) == "step 10"
     assert due(mid_epoch(7), Decision(save=True)) == "step 7 (5 minutes since the last)"
     assert due(mid_epoch(7), STOP) == "step 7"
     assert due(Progress(finished_epoch=1, step=7), epoch_ended=True) is None  # every 2 epochs
     assert due(Progress(finished_epoch=2, step=14), epoch_ended=True) == "epoch 2"
+    # The end of a run is saved whatever its budget and cadence (the original's 10 epochs every 3
+    # never saved epoch 10).
     assert due(mid_epoch(7), run_ended=True) == "step 7 (the last)"
-    assert checkpointer(tmp_path).due(mid_epoch(7), run_ended=True) is None  # an epoch budget's run
+    assert due(Progress(finished_epoch=3, step=21), run_ended=True) == "epoch 3 (the last)"
 
 
 def test_a_position_already_saved_is_not_saved_again_and_resumes_there(tmp_path, world_of_one):
