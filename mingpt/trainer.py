@@ -20,9 +20,9 @@ from mingpt.distributed import control, parallel
 from mingpt.distributed.activation_checkpointing import CHECKPOINTING_MODES, checkpoint_blocks
 from mingpt.distributed.memory import check_memory, plan_memory
 from mingpt.distributed.precision import AMP_DTYPES, resolve_precision
-from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, all_reduce_sum
-from mingpt.model import OptimizerConfig, create_optimizer, set_learning_rate
-from mingpt.reporting.errors import check, check_choice, check_not_negative, check_positive
+from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, all_reduce_sum, rank_zeros
+from mingpt.model import OptimizerConfig, create_optimizer, learning_rate_at, set_learning_rate
+from mingpt.reporting.errors import TrainingDiverged, check, check_choice, check_not_negative, check_positive
 from mingpt.reporting.run_report import RunReport
 from mingpt.reporting.trackers import TrackerConfig
 from mingpt.storage.checkpointer import SNAPSHOT_FORMATS, Checkpointer, SnapshotPolicy
@@ -148,6 +148,7 @@ class Trainer:
             config.grad_accum_steps, config.eval_batches,
             config.data_loader_workers, config.seed, env, control.handled_signals(config.stop_signals))
         self.checkpointer = Checkpointer(config.snapshot_policy(), env, vocab)
+        self.divergence = control.DivergenceWatch(env.device, scaled=self.scaler.is_enabled())
         self.agreement: Optional[control.StepAgreement] = None
         """Stop signals and the snapshot timer, from train() on (closed when it ends)."""
         self.progress = self.checkpointer.resume(self.model, self.optimizer, self.scaler)
@@ -258,6 +259,7 @@ class Trainer:
             loss, grad_norm = self.train_step(inputs, targets)
             samples = len(inputs) * self.env.world_size  # every rank's batch has the same length
             self.progress.advance(samples, tokens=samples * self.block_size)
+            self.divergence.observe(self.progress.step, loss, grad_norm)
             lr = self.optimizer.param_groups[0]["lr"]
             self.report.train_step(epoch, iteration, self.progress, loss, grad_norm, lr)
             self._after_step(epoch)
@@ -269,7 +271,10 @@ class Trainer:
 
     def _after_step(self, epoch: int) -> None:
         """What every rank agreed on (a snapshot due, a clean stop), then step-cadence evaluation."""
-        decision = self.agreement.after_step(save_failed=self.checkpointer.failed())
+        decision = self.agreement.after_step(save_failed=self.checkpointer.failed(),
+                                             diverged_since=self.divergence.diverged_since())
+        if decision.diverged_since:
+            self._stop_diverged(decision.diverged_since)
         if decision.save_failed:
             self.checkpointer.finish()  # raises on every rank
         self._snapshot_if_due(decision)
@@ -287,6 +292,18 @@ class Trainer:
         self.report.close(f"Stopping on {decision.stop_signal_name}: snapshot saved at step {step}",
                           stopped=True)
         raise control.RunStopped(decision.stop_signal)
+
+    def _stop_diverged(self, since: int) -> None:
+        """Every rank stops at this step, before any snapshot of the ruined weights is taken."""
+        self.checkpointer.finish()  # a save in flight was of finite weights (save() checks them)
+        loss, loss_step = rank_zeros(list(self.divergence.last_finite_loss()))  # as rank 0 logged them
+        loss_step = int(loss_step)
+        lr = learning_rate_at(since - 1, self.total_steps, self.optimizer_config)
+        last = f"last finite loss {loss:.4f} at step {loss_step}" if loss_step else "no finite loss before it"
+        raise TrainingDiverged(
+            f"training diverged: the loss is not finite from step {since} (learning rate {lr:.3g}; {last}); "
+            f"stopped without a snapshot, {self.checkpointer.kept()}; resume from it with a lower "
+            "optimizer_config.learning_rate (or a warmup: optimizer_config.warmup_steps)")
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over a batch of grad_accum_steps micro-batches: its mean loss and the

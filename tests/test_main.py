@@ -354,3 +354,40 @@ def test_truncating_a_users_own_text_is_said(text_file, tmp_path, capsys, one_to
     assert ("warning: data_config.truncate=0.5 keeps the first 3,000 of the text's 6,000 characters"
             in result.stdout)
     assert "3,000 characters (the first 50% of its 6,000: data_config.truncate)" in result.stdout
+
+
+DIVERGING = {"trainer_config__max_epochs": 2, "optimizer_config__learning_rate": 1e6,
+             "trainer_config__grad_norm_clip": 1e9, "trainer_config__log_every": 1}
+
+
+def test_a_diverging_run_stops_within_two_steps_and_keeps_its_snapshot(text_file, trained_snapshot, capsys,
+                                                                        one_torch_thread):
+    """fp32 has no GradScaler to skip a step: the first NaN loss is divergence, agreed on and acted
+    on two steps later (read a step late, so that no step waits for the device, then all-reduced)."""
+    before = sha256(trained_snapshot)
+    result = run_main_in_process(tiny_overrides(text_file, trained_snapshot, **DIVERGING), capsys)
+    line = one_error_line(result)
+    match = re.fullmatch(r"error: training diverged: the loss is not finite from step (\d+) \(learning rate "
+                         r"1e\+06; last finite loss [\d.]+ at step (\d+)\); stopped without a snapshot, the "
+                         r"last snapshot \(step 169\) is kept as it was: .*snap\.pt; resume from it with a "
+                         r"lower optimizer_config.learning_rate \(or a warmup: optimizer_config.warmup_steps\)",
+                         line)
+    assert match, line
+    first_bad, last_finite = map(int, match.groups())
+    assert 169 < last_finite < first_bad
+    assert result.stdout.count("Train Loss nan") <= 3, "trained on long after the loss was NaN"
+    assert "Snapshot saved" not in result.stdout and sha256(trained_snapshot) == before
+
+
+def test_no_snapshot_is_written_with_non_finite_weights_whoever_asks(text_file, trained_snapshot, capsys,
+                                                                      one_torch_thread):
+    """A snapshot due at every step (the timer) before the divergence is agreed on: the save itself
+    refuses non-finite weights."""
+    result = run_main_in_process(tiny_overrides(text_file, trained_snapshot, **DIVERGING,
+                                                trainer_config__save_every_steps=1), capsys)
+    assert re.fullmatch(r"error: the weights are not finite at step \d+ \(training diverged\): not saved, the "
+                        r"last snapshot \(step \d+\) is kept as it was: .*", one_error_line(result))
+    state = torch.load(trained_snapshot, weights_only=True)
+    tensors = [*state["model_state"].values(),
+               *(value for moments in state["optimizer_state"]["state"].values() for value in moments.values())]
+    assert all(torch.isfinite(tensor).all() for tensor in tensors)

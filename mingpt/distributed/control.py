@@ -1,5 +1,5 @@
 """Decisions every rank must take at the same step: stop on a signal, snapshot on a timer, stop
-because a background snapshot save failed.
+because a background snapshot save failed, stop because training diverged.
 
 A cluster stops a job with a signal: SIGTERM at preemption or `scancel`, or one chosen with
 `sbatch --signal` before the time limit. It may reach some ranks and not others, at different
@@ -19,6 +19,10 @@ and `kill -- -PGID` a whole process group, torchrun each worker's whole session.
 therefore ignore the stop signals and Ctrl-C (`leave_stops_to_training`, their worker_init_fn) and
 the training process stops them itself once it has saved; a worker that dies of anything else is
 still reported by the DataLoader as before.
+
+A run that diverges (a loss or gradient norm that is NaN or infinite) is seen on the device by a
+DivergenceWatch, without waiting for it; the host reads its verdict a step later and posts it to the
+same all-reduce, so every rank stops at the same step, before any snapshot of the ruined weights.
 
 Ctrl-C (SIGINT) is always a stop request: the first stops at the next step boundary with a snapshot,
 like SIGTERM; a second quits at once (KeyboardInterrupt), without a new snapshot, leaving the last
@@ -106,6 +110,8 @@ class Decision:
     """Take a snapshot now (the timer of save_every_minutes ran out on rank 0)."""
     save_failed: bool = False
     """A background snapshot save failed on some rank: every rank stops, with its error."""
+    diverged_since: int = 0
+    """The step from which some rank's loss has not been finite (DivergenceWatch); 0: none."""
 
     @property
     def stop_signal_name(self) -> str:
@@ -145,13 +151,15 @@ class StepAgreement:
                 os.write(sys.stdout.fileno(), CTRL_C_LINE)
         self.requested = self.requested or number
 
-    def after_step(self, save_failed: bool = False) -> Decision:
-        """Every rank calls this after every step, saying whether its background save failed; the
-        ranks' wishes of the previous call decide."""
+    def after_step(self, save_failed: bool = False, diverged_since: int = 0) -> Decision:
+        """Every rank calls this after every step, saying whether its background save failed and
+        since which step its run has diverged (0: it has not); the ranks' wishes of the previous
+        call decide."""
         decision = self._collect()
         save_due = (self.is_main and not decision.save and self.save_interval_s > 0
                     and time.monotonic() - self._last_save >= self.save_interval_s)
-        wishes = torch.tensor([self.requested, int(save_due), int(save_failed)], dtype=torch.int64)
+        wishes = torch.tensor([self.requested, int(save_due), int(save_failed), diverged_since],
+                              dtype=torch.int64)
         self._in_flight = (dist.all_reduce(wishes, op=dist.ReduceOp.MAX, group=self._group, async_op=True),
                            wishes)
         return decision
@@ -166,8 +174,9 @@ class StepAgreement:
         work, wishes = self._in_flight
         work.wait()
         self._in_flight = None
-        stop, save, save_failed = wishes.tolist()
-        return Decision(stop_signal=stop or None, save=bool(save), save_failed=bool(save_failed))
+        stop, save, save_failed, diverged_since = wishes.tolist()
+        return Decision(stop_signal=stop or None, save=bool(save), save_failed=bool(save_failed),
+                        diverged_since=diverged_since)
 
     def __enter__(self) -> "StepAgreement":
         return self
@@ -183,3 +192,66 @@ class StepAgreement:
         for number, handler in self._previous_handlers.items():
             signal.signal(number, handler)
         dist.destroy_process_group(self._group)
+
+
+SCALED_PATIENCE = 3
+"""Under a GradScaler (fp16), steps in a row whose loss is not finite before the run is taken to
+have diverged: the scaler skips an overflowed step and lowers its scale, and training goes on."""
+
+
+class DivergenceWatch:
+    """Whether a run has diverged, judged on the device at every step and read by the host one
+    step later (the step before the one just queued, long finished), so that no step waits for the
+    device to judge it.
+
+    Without a GradScaler, one non-finite loss or gradient norm has already ruined the weights (the
+    clip scales every gradient by that norm): the run has diverged at that step. With one, inf or
+    NaN gradients are an overflow the scaler skips; only a loss that stays non-finite for
+    SCALED_PATIENCE steps is divergence.
+    """
+
+    def __init__(self, device: torch.device, scaled: bool):
+        self.patience = SCALED_PATIENCE if scaled else 1
+        self.watch_norm = not scaled
+        # The streak of non-finite steps, the step it started at, the last finite loss and its step.
+        start = torch.tensor([0.0, 0.0, float("nan"), 0.0], dtype=torch.float64)
+        self._state = start.to(device)
+        # Two host copies: the newest step's, being made, and the one before, which is read.
+        self._copies = [start.pin_memory() if device.type == "cuda" else start.clone() for _ in range(2)]
+        self._copied: list[Optional[torch.cuda.Event]] = [None, None]
+        self._newest = 0
+
+    def observe(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """A step's loss and gradient norm (device tensors), judged in operations queued on the
+        device: nothing waits."""
+        finite = torch.isfinite(loss)
+        if self.watch_norm:
+            finite = finite & torch.isfinite(grad_norm)
+        streak, since, last_loss, last_step = self._state.unbind()
+        streak = torch.where(finite, 0.0, streak + 1)
+        since = torch.where(streak == 1, float(step), since)
+        last_loss = torch.where(finite, loss.detach().double(), last_loss)
+        last_step = torch.where(finite, float(step), last_step)
+        self._state = torch.stack([streak, since, last_loss, last_step])
+        self._newest = 1 - self._newest
+        self._copies[self._newest].copy_(self._state, non_blocking=True)
+        if loss.is_cuda:
+            self._copied[self._newest] = torch.cuda.Event()
+            self._copied[self._newest].record()
+
+    def _previous(self) -> list[float]:
+        """The verdict as of the step before the newest one observed."""
+        older = 1 - self._newest
+        if self._copied[older] is not None:
+            self._copied[older].synchronize()
+        return self._copies[older].tolist()
+
+    def diverged_since(self) -> int:
+        """The step the run diverged at (0: it had not, as of the step before the newest)."""
+        streak, since, _, _ = self._previous()
+        return int(since) if streak >= self.patience else 0
+
+    def last_finite_loss(self) -> tuple[float, int]:
+        """The last finite loss seen before the step before the newest, and its step (nan, 0: none)."""
+        _, _, loss, step = self._previous()
+        return loss, int(step)

@@ -275,13 +275,14 @@ def full_value(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
+def local_part(tensor: torch.Tensor) -> torch.Tensor:
+    """What this rank holds of a tensor: a sharded (FSDP, HSDP) DTensor's local shard, or itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
 def local_bytes(tensors) -> int:
     """Bytes of the tensors this rank holds: a sharded (FSDP, HSDP) tensor counts its local shard only."""
-    total = 0
-    for tensor in tensors:
-        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-        total += local.numel() * local.element_size()
-    return total
+    return sum(local_part(t).numel() * local_part(t).element_size() for t in tensors)
 
 
 def local_parameter_bytes(model: nn.Module) -> int:

@@ -260,6 +260,13 @@ def any_rank(flag: bool) -> bool:
     return bool(all_reduce_sum(torch.tensor([int(flag)]))[0])
 
 
+def rank_zeros(values: list[float]) -> list[float]:
+    """Global rank 0's values, on every rank (what every rank says alike, rank 0's log says)."""
+    tensor = torch.tensor(values, dtype=torch.float64)
+    dist.broadcast(tensor, src=0)
+    return tensor.tolist()
+
+
 def all_gather_objects(obj: object) -> list:
     """Every rank's obj, in rank order, on every rank."""
     gathered = [None] * dist.get_world_size()

@@ -36,6 +36,10 @@ class SnapshotError(MinGPTError):
     """A snapshot cannot be read, or belongs to another model or vocabulary."""
 
 
+class TrainingDiverged(MinGPTError):
+    """The loss or the weights are no longer finite: the run stops, its last snapshot untouched."""
+
+
 def check(condition: bool, key: str, problem: str) -> None:
     """Raise ConfigError(key, problem) unless condition holds."""
     if not condition:

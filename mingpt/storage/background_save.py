@@ -17,6 +17,8 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
+from mingpt.distributed.parallel import local_part
+
 
 class StagingBuffer:
     """Host copies of a state's tensors, reused from save to save.
@@ -78,7 +80,7 @@ class StagingBuffer:
         FSDP shard) copies its local part and keeps its placement, which torch.distributed.checkpoint
         needs (its first copy is pageable: DTensor.from_local would move a host part back to the GPU)."""
         if buffer is not None and type(buffer) is type(tensor):
-            target, source = _local(buffer), _local(tensor)
+            target, source = local_part(buffer), local_part(tensor)
             if target.shape == source.shape and target.dtype == source.dtype:
                 target.copy_(source, non_blocking=source.is_cuda)
                 return buffer
@@ -86,11 +88,6 @@ class StagingBuffer:
             pinned = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
             return pinned.copy_(tensor, non_blocking=True)
         return tensor.to("cpu", copy=True)
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a DTensor (a view of its memory), or the tensor itself."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 class BackgroundSaves:

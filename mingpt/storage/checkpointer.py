@@ -20,9 +20,9 @@ import torch
 import torch.nn as nn
 
 from mingpt.distributed.control import Decision
-from mingpt.distributed.parallel import unwrap
+from mingpt.distributed.parallel import local_part, unwrap
 from mingpt.distributed.process_group import DistEnv, all_gather_objects, any_rank, side_group
-from mingpt.reporting.errors import SnapshotError
+from mingpt.reporting.errors import SnapshotError, TrainingDiverged
 from mingpt.reporting.logger import log, warn_once
 from mingpt.storage.background_save import BackgroundSaves
 from mingpt.storage.files import check_writable
@@ -62,6 +62,12 @@ def training_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> list
     optimizer_state = [value for state in optimizer.state.values() for value in state.values()
                        if isinstance(value, torch.Tensor)]
     return [*model.parameters(), *model.buffers(), *optimizer_state]
+
+
+def all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether every element of this rank's part of the tensors is finite (one wait for the device)."""
+    flags = [torch.isfinite(local_part(t)).all() for t in tensors if t.is_floating_point()]
+    return bool(torch.stack(flags).all()) if flags else True
 
 
 def capture_rng(device: torch.device) -> dict[str, Optional[torch.Tensor]]:
@@ -133,8 +139,12 @@ class Checkpointer:
         """Every rank takes part (state, shards and RNG states); global rank 0 writes the rest.
 
         With async_snapshots, once the previous save is finished, the state is copied and a
-        background thread writes it; "Snapshot saved" is logged when it is written."""
+        background thread writes it; "Snapshot saved" is logged when it is written. A state that
+        is not finite on any rank (the run diverged) is never written, whoever asked for it."""
         self.finish()
+        if any_rank(not all_finite(training_tensors(model, optimizer))):
+            raise TrainingDiverged(f"the weights are not finite at {when} (training diverged): not saved, "
+                                   f"{self.kept()}; resume from it with a lower optimizer_config.learning_rate")
         info = Snapshot(
             **asdict(progress),
             scaler_state=scaler.state_dict(),
@@ -157,6 +167,12 @@ class Checkpointer:
             self.store.save(model, optimizer, info, self.env.is_main)
             log.info(f"Snapshot saved at {when}")
         self.last_saved = replace(progress)
+
+    def kept(self) -> str:
+        """What the run leaves to resume from: "the last snapshot (step 300) is kept as it was"."""
+        if self.last_saved is None:
+            return "and none was written before"
+        return f"the last snapshot (step {self.last_saved.step}) is kept as it was: {self.policy.path}"
 
     def failed(self) -> bool:
         """Whether this rank's background save has failed (never waits; for every step)."""

@@ -5,6 +5,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from mingpt.distributed import control
 from mingpt.distributed.control import (
@@ -101,3 +102,30 @@ def test_a_failed_background_save_is_carried_to_every_rank_one_step_later(world_
         assert agreement.after_step() == Decision()
     finally:
         agreement.close()
+
+
+def observe(watch: control.DivergenceWatch, step: int, loss: float, norm: float = 1.0) -> None:
+    watch.observe(step, torch.tensor(loss), torch.tensor(norm))
+
+
+def test_one_non_finite_step_is_divergence_without_a_scaler_read_a_step_later():
+    watch = control.DivergenceWatch(torch.device("cpu"), scaled=False)
+    observe(watch, 1, 2.5)
+    observe(watch, 2, 2.4, norm=float("inf"))  # the clip would scale every gradient by inf
+    assert watch.diverged_since() == 0  # the verdict of the step before the newest
+    observe(watch, 3, float("nan"))
+    assert watch.diverged_since() == 2 and watch.last_finite_loss() == (2.5, 1)
+
+
+def test_under_a_scaler_overflows_are_skipped_steps_and_only_a_lasting_nan_loss_diverges():
+    watch = control.DivergenceWatch(torch.device("cpu"), scaled=True)
+    for step in range(1, 4):
+        observe(watch, step, 2.0, norm=float("inf"))  # overflowed gradients: the scaler skips them
+    observe(watch, 4, float("nan"))
+    observe(watch, 5, float("nan"))
+    observe(watch, 6, 2.0)  # a NaN loss that passes is an overflow too
+    observe(watch, 7, float("nan"))
+    assert watch.diverged_since() == 0
+    for step in range(8, 11):
+        observe(watch, step, float("inf"))
+    assert watch.diverged_since() == 7  # nan at 7, inf at 8 and 9: three in a row

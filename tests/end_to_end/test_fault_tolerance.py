@@ -3,6 +3,7 @@ every process (data workers too) and started again, ends bitwise where an unbrok
 killed half-way never costs the previous snapshot; a mid-epoch snapshot resumed at another world
 size trains each sample once."""
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -276,3 +277,24 @@ def test_a_mid_epoch_snapshot_resumed_at_another_world_size_trains_each_sample_o
     train_size = 5385  # int(0.9 x (6,000 - 16)) windows
     assert sorted(samples) == list(range(train_size))
     assert torch.load(snapshot, weights_only=True)["finished_epoch"] == 1
+
+
+# Divergence on 2 ranks: every rank stops at the same step, one line (said once), the snapshot kept.
+
+def test_a_diverging_fsdp_run_on_two_ranks_stops_together_and_keeps_its_snapshot(ddp_two_epochs, text_file,
+                                                                                   tmp_path):
+    """Resumed under FSDP (sharded weights: each rank checks its shards) from the DDP run's epoch-1
+    snapshot, with a learning rate that ruins the weights at the first step."""
+    snapshot = tmp_path / "snap.pt"
+    shutil.copy(ddp_two_epochs.snapshots[0], snapshot)
+    before = sha256(snapshot)
+    overrides = tiny_overrides(text_file, snapshot, trainer_config__max_epochs=2,
+                               trainer_config__distributed_method="fsdp", optimizer_config__learning_rate=1e6,
+                               trainer_config__grad_norm_clip=1e9)
+    result = run([*TORCHRUN, "--standalone", "--nproc_per_node=2", MAIN, *overrides])
+    assert result.returncode == 1, result.stderr
+    said = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(said) == 1 and said[0].startswith("error: training diverged: the loss is not finite from step"), \
+        result.stderr
+    assert "the last snapshot (step 85) is kept as it was" in said[0]
+    assert "Snapshot saved" not in result.stdout and sha256(snapshot) == before
