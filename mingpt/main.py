@@ -20,11 +20,19 @@ import torch.distributed as dist
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from mingpt.char_dataset import DEFAULT_CORPUS, REPO_ROOT, CharDataset, DataConfig, open_corpus, prepare_corpus, split_dataset
+from mingpt.char_dataset import (
+    DEFAULT_CORPUS,
+    REPO_ROOT,
+    CharDataset,
+    DataConfig,
+    open_corpus,
+    prepare_corpus,
+    split_dataset,
+)
 from mingpt.distributed.control import INTERRUPT_EXIT_STATUS, RunStopped, record_clean_stop
 from mingpt.distributed.process_group import DistEnv, barrier, distributed_session, said_by_local_rank_zero
 from mingpt.model import GPT, GPTConfig, OptimizerConfig
-from mingpt.reporting.errors import ConfigError, MinGPTError, check, command, short_reason
+from mingpt.reporting.errors import MinGPTError, check, command, short_reason
 from mingpt.reporting.logger import configure_logging, log, warn_once
 from mingpt.reporting.trackers import TrackerConfig
 from mingpt.storage.gpt2_folder import GPT2Folder, open_folder

@@ -125,8 +125,8 @@ class TrainerConfig:
         per_rank = self.batch_size * self.grad_accum_steps
         check(per_rank * world_size <= train_samples, "trainer_config.batch_size",
               f"a step of {per_rank * world_size:,} samples ({self.batch_size} x {self.grad_accum_steps} "
-              f"accumulation x {world_size} process(es)) is more than the {train_samples:,} training samples; "
-              f"use at most {train_samples // (self.grad_accum_steps * world_size)}, or more data")
+              f"accumulation x {world_size} process(es)) is more than the {train_samples:,} training "
+              f"samples; use at most {train_samples // (self.grad_accum_steps * world_size)}, or more data")
 
     def snapshot_policy(self) -> SnapshotPolicy:
         return SnapshotPolicy(path=self.snapshot_path, snapshot_format=self.snapshot_format,

@@ -370,7 +370,8 @@ def test_a_diverging_run_stops_within_two_steps_and_keeps_its_snapshot(text_file
     match = re.fullmatch(r"error: training diverged: the loss is not finite from step (\d+) \(learning rate "
                          r"1e\+06; last finite loss [\d.]+ at step (\d+)\); stopped without a snapshot, the "
                          r"last snapshot \(step 169\) is kept as it was: .*snap\.pt; resume from it with a "
-                         r"lower optimizer_config.learning_rate \(or a warmup: optimizer_config.warmup_steps\)",
+                         r"lower optimizer_config.learning_rate \(or a warmup: "
+                         r"optimizer_config.warmup_steps\)",
                          line)
     assert match, line
     first_bad, last_finite = map(int, match.groups())
@@ -385,9 +386,9 @@ def test_no_snapshot_is_written_with_non_finite_weights_whoever_asks(text_file, 
     refuses non-finite weights."""
     result = run_main_in_process(tiny_overrides(text_file, trained_snapshot, **DIVERGING,
                                                 trainer_config__save_every_steps=1), capsys)
-    assert re.fullmatch(r"error: the weights are not finite at step \d+ \(training diverged\): not saved, the "
-                        r"last snapshot \(step \d+\) is kept as it was: .*", one_error_line(result))
+    assert re.fullmatch(r"error: the weights are not finite at step \d+ \(training diverged\): not "
+                        r"saved, the last snapshot \(step \d+\) is kept as it was: .*", one_error_line(result))
     state = torch.load(trained_snapshot, weights_only=True)
-    tensors = [*state["model_state"].values(),
-               *(value for moments in state["optimizer_state"]["state"].values() for value in moments.values())]
+    moments = state["optimizer_state"]["state"].values()
+    tensors = [*state["model_state"].values(), *(value for moment in moments for value in moment.values())]
     assert all(torch.isfinite(tensor).all() for tensor in tensors)

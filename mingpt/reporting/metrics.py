@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 import torch
 
+from mingpt.reporting.logger import warn_once
 from mingpt.reporting.trackers import FINISHED, Trackers
 from mingpt.storage import files
 
@@ -94,11 +95,32 @@ class MetricsLog:
             self.trackers.close(outcome)
 
     def _read(self) -> list[dict[str, Any]]:
+        """The file's lines. One that cannot be read (the half line a run killed while appending
+        leaves, or bytes garbled) is dropped with a warning: it must never block the next resume."""
         try:
-            text = files.read_bytes(self.path).decode()
+            text = files.read_bytes(self.path).decode(errors="replace")
         except FileNotFoundError:  # no run has written it yet
             return []
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+        lines, dropped = [], 0
+        for line in filter(str.strip, text.splitlines()):
+            parsed = parse_line(line)
+            if parsed is None:
+                dropped += 1
+            else:
+                lines.append(parsed)
+        if dropped:
+            warn_once(f"metrics file {self.path}: dropped {dropped} unreadable line(s) (a run killed while "
+                      "writing it leaves a torn last line); the others are kept")
+        return lines
+
+
+def parse_line(line: str) -> Optional[dict[str, Any]]:
+    """A metrics line as written (a JSON object with its step), or None."""
+    try:
+        parsed = json.loads(line)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) and isinstance(parsed.get("step"), int) else None
 
 
 def on_the_host(pending: list[dict[str, Any]]) -> list[dict[str, Any]]:

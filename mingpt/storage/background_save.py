@@ -44,11 +44,11 @@ class StagingBuffer:
         Copies from a GPU are asynchronous; wait_until_copied() before reading them."""
         used: dict[tuple, torch.Tensor] = {}
         self.copied_bytes = 0
-        live_memory = {_local(tensor).untyped_storage().data_ptr() for tensor in live}
+        live_memory = {local_part(tensor).untyped_storage().data_ptr() for tensor in live}
         copied = self._copy(state, (), used, live_memory)
         self._buffers = used  # tensors the state no longer has are let go
         self._copied = None
-        if any(_local(tensor).is_cuda for tensor in live):
+        if any(local_part(tensor).is_cuda for tensor in live):
             self._copied = torch.cuda.Event()
             self._copied.record()  # after every copy queued on the training thread's stream
         return copied
@@ -65,7 +65,7 @@ class StagingBuffer:
             return type(value)(self._copy(item, (*path, index), used, live_memory)
                                for index, item in enumerate(value))
         if isinstance(value, torch.Tensor):
-            local = _local(value)
+            local = local_part(value)
             if not local.is_cuda and local.untyped_storage().data_ptr() not in live_memory:
                 return value  # made for this save: nothing else writes to it
             used[path] = self._copy_tensor(value.detach(), self._buffers.get(path))
@@ -84,7 +84,7 @@ class StagingBuffer:
             if target.shape == source.shape and target.dtype == source.dtype:
                 target.copy_(source, non_blocking=source.is_cuda)
                 return buffer
-        if tensor.is_cuda and not hasattr(tensor, "to_local"):
+        if tensor.is_cuda and local_part(tensor) is tensor:
             pinned = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
             return pinned.copy_(tensor, non_blocking=True)
         return tensor.to("cpu", copy=True)

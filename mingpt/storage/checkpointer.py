@@ -144,7 +144,8 @@ class Checkpointer:
         self.finish()
         if any_rank(not all_finite(training_tensors(model, optimizer))):
             raise TrainingDiverged(f"the weights are not finite at {when} (training diverged): not saved, "
-                                   f"{self.kept()}; resume from it with a lower optimizer_config.learning_rate")
+                                   f"{self.kept()}; resume from it with a lower "
+                                   "optimizer_config.learning_rate")
         info = Snapshot(
             **asdict(progress),
             scaler_state=scaler.state_dict(),

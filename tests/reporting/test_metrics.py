@@ -37,3 +37,24 @@ def test_inactive_log_writes_nothing(tmp_path):
     metrics.record("train", torch.tensor(1.0), epoch=1, step=1)
     metrics.flush()
     assert not (tmp_path / "m.jsonl").exists()
+
+
+def test_a_torn_or_garbled_file_is_resumed_with_a_warning(tmp_path, capsys):
+    """A run killed while appending leaves half a line; garbled bytes anywhere: never a traceback at
+    the next start, the readable lines kept (configure_logging: the warning is rank 0's)."""
+    from mingpt.reporting.logger import configure_logging
+
+    configure_logging(rank=0)
+    path = tmp_path / "m.jsonl"
+    lines = [json.dumps({"kind": "train", "step": s, "epoch": 1, "loss": 0.5}) + "\n" for s in range(1, 6)]
+    path.write_bytes("".join(lines).encode()[:-20] + b"\n")  # the last line cut
+    MetricsLog(str(path), active=True).start(resumed_step=5)
+    assert [line["step"] for line in read_metrics(str(path))] == [1, 2, 3, 4]
+    assert "dropped 1 unreadable line(s)" in capsys.readouterr().out
+
+    path.write_bytes(lines[0].encode() + b"\xff\xfe garbled\n[1, 2]\n" + lines[1].encode())
+    MetricsLog(str(path), active=True).start(resumed_step=5)
+    assert [line["step"] for line in read_metrics(str(path))] == [1, 2]
+    path.write_bytes(b"")
+    MetricsLog(str(path), active=True).start(resumed_step=5)
+    assert read_metrics(str(path)) == []
