@@ -386,8 +386,9 @@ def test_no_snapshot_is_written_with_non_finite_weights_whoever_asks(text_file, 
     refuses non-finite weights."""
     result = run_main_in_process(tiny_overrides(text_file, trained_snapshot, **DIVERGING,
                                                 trainer_config__save_every_steps=1), capsys)
+    line = one_error_line(result)
     assert re.fullmatch(r"error: the weights are not finite at step \d+ \(training diverged\): not "
-                        r"saved, the last snapshot \(step \d+\) is kept as it was: .*", one_error_line(result))
+                        r"saved, the last snapshot \(step \d+\) is kept as it was: .*", line), line
     state = torch.load(trained_snapshot, weights_only=True)
     moments = state["optimizer_state"]["state"].values()
     tensors = [*state["model_state"].values(), *(value for moment in moments for value in moment.values())]
