@@ -200,6 +200,10 @@ class Trainer:
         """Epochs until the budget (max_epochs, or max_steps) is spent; raises RunStopped when a
         stop signal ended the run early (after its snapshot)."""
         config = self.config
+        if self._budget_spent():
+            self.report.close(f"Nothing left to do: the snapshot holds the end of this run ({self._budget()}); "
+                              "raise it to train on, or set another trainer_config.snapshot_path to start afresh")
+            return
         agreement = control.StepAgreement(config.stop_signals, config.save_every_minutes, self.env)
         failed, finished = self.report.failed_on_error(), self.checkpointer.finished_on_error()
         with failed, agreement as self.agreement, finished:
@@ -208,14 +212,25 @@ class Trainer:
                 self._train_epoch(epoch)
                 if self.progress.finished_epoch == epoch:
                     self._end_epoch(epoch)
-            self._snapshot_if_due(run_ended=True)
-            self.checkpointer.finish()
-        self.report.close()
+            self._end_run()
+        self.report.finished(self.progress, self.checkpointer.policy.path)
 
     def _end_epoch(self, epoch: int) -> None:
         self._snapshot_if_due(epoch_ended=True)
         if self.test_loader is not None and not self.config.eval_every_steps:
             self.evaluate(epoch)
+
+    def _end_run(self) -> None:
+        """The run's last snapshot, and an evaluation of its last step if none was made there (a step
+        budget's run may end mid-epoch)."""
+        self._snapshot_if_due(run_ended=True)
+        if self.test_loader is not None and self.report.evaluated_at != self.progress.step:
+            self.evaluate(self.progress.epoch)
+        self.checkpointer.finish()
+
+    def _budget(self) -> str:
+        tc = self.config
+        return f"trainer_config.max_steps={tc.max_steps}" if tc.max_steps else f"trainer_config.max_epochs={tc.max_epochs}"
 
     def _budget_spent(self) -> bool:
         if self.config.max_steps:

@@ -109,7 +109,17 @@ def test_a_step_budget_ends_mid_epoch_with_a_snapshot_and_sets_the_schedule(trai
     assert "Snapshot saved at step 25 (the last)" in result.stdout
     state = torch.load(snapshot, weights_only=True)
     assert (state["step"], state["finished_epoch"], state["epoch_samples"]) == (25, 0, 25 * 32)
-    assert "Eval Loss" not in result.stdout  # the epoch never ended
+    # The epoch never ended, and the run's last step is evaluated all the same; then the closing lines.
+    assert [line["step"] for line in read_metrics(default_metrics_path(str(snapshot)), "eval")] == [25]
+    assert re.search(r"\| Step 25 \| Eval Loss [\d.]+ \(mean over 599 samples on 1 ranks\)", result.stdout)
+    assert re.search(r"Finished: epoch 1, step 25, 12,800 tokens \(25 steps in 0:00:\d\d in this run\); "
+                     r"train loss [\d.]+, eval loss [\d.]+\nSample from its snapshot: python \S*generate.py "
+                     f"--snapshot {snapshot}\n", result.stdout), result.stdout
+
+    again = train(snapshot, trainer_config__max_epochs=5, trainer_config__max_steps=25)
+    assert again.stdout.splitlines()[-1] == (
+        "Nothing left to do: the snapshot holds the end of this run (trainer_config.max_steps=25); raise it "
+        "to train on, or set another trainer_config.snapshot_path to start afresh")
 
 
 def test_evaluation_every_n_steps_on_a_fixed_subset(train, tmp_path):
@@ -128,8 +138,9 @@ def test_snapshots_every_n_minutes_keep_their_cadence(train, tmp_path):
                    trainer_config__save_every=100, trainer_config__log_every=1000,
                    trainer_config__save_every_minutes=interval_s / 60)
     timed = re.findall(r"Snapshot saved at step (\d+) \(0.025 minutes since the last\)", result.stdout)
-    saved = sorted(folder.glob("snapshot_*.pt"), key=lambda p: p.stat().st_mtime)
+    *saved, last = sorted(folder.glob("snapshot_*.pt"), key=lambda p: p.stat().st_mtime)
     assert len(timed) >= 2 and len(saved) == len(timed), result.stdout
+    assert "Snapshot saved at epoch 3 (the last)" in result.stdout and last.name == "snapshot_000000507.pt"
     gaps = [later.stat().st_mtime - earlier.stat().st_mtime for earlier, later in zip(saved, saved[1:])]
     assert all(gap > interval_s * 0.9 for gap in gaps), gaps
     # Due one interval after the last, a save comes about a step later (a stalled machine may delay one).

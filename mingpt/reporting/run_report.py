@@ -6,6 +6,9 @@ inactive, and they have no trackers). A new run tracker joins trackers.py; Metri
 it each line with its numbers on the host, in one device sync.
 """
 import contextlib
+import sys
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
@@ -14,7 +17,7 @@ from mingpt.distributed.process_group import DistEnv
 from mingpt.reporting.flops import peak_flops
 from mingpt.reporting.logger import clear_status, log
 from mingpt.reporting.metrics import MetricsLog, open_run_metrics
-from mingpt.reporting.monitor import TrainingMonitor
+from mingpt.reporting.monitor import TrainingMonitor, format_eta
 from mingpt.reporting.trackers import FAILED, FINISHED, STOPPED, TrackerConfig, open_trackers
 from mingpt.storage.snapshot import Progress
 
@@ -28,6 +31,14 @@ class RunReport:
         self.monitor = monitor
         self.rank = rank
         self.log_every = log_every
+        self.started = time.monotonic()
+        self.first_step: Optional[int] = None
+        """The step this session started from."""
+        self.last_train_loss: Optional[torch.Tensor] = None
+        """The last step's loss, on the device until the run's closing lines read it."""
+        self.eval_loss: Optional[float] = None
+        self.evaluated_at: Optional[int] = None
+        """The step of the last evaluation."""
 
     @classmethod
     def open(cls, config: "TrainerConfig", env: DistEnv, matmul_dtype: torch.dtype, flops_per_token: int,
@@ -58,6 +69,9 @@ class RunReport:
         """A step's loss and gradient norm into progress and the metrics (on the device until the
         next flush), and the original's line every log_every iterations."""
         self.monitor.update(epoch, progress.step, progress.tokens, loss)
+        if self.first_step is None:
+            self.first_step = progress.step - 1
+        self.last_train_loss = loss
         self.metrics.record("train", loss, epoch=epoch, iter=iteration, step=progress.step,
                             tokens=progress.tokens, lr=lr, tokens_per_s=self.monitor.tokens_per_s,
                             mfu=self.monitor.mfu, grad_norm=grad_norm.detach())
@@ -74,7 +88,8 @@ class RunReport:
         self.metrics.record("eval", mean_loss, epoch=epoch, step=progress.step, tokens=progress.tokens,
                             samples=samples)
         self.metrics.flush()
-        log.info(f"[GPU{self.rank}] Epoch {epoch} | Eval Loss {mean_loss.item():.5f} "
+        self.eval_loss, self.evaluated_at = mean_loss.item(), progress.step
+        log.info(f"[GPU{self.rank}] Epoch {epoch} | Step {progress.step} | Eval Loss {self.eval_loss:.5f} "
                  f"(mean over {samples} samples on {world_size} ranks)")
 
     def pause(self) -> None:
@@ -94,6 +109,17 @@ class RunReport:
         if last_words:
             log.info(last_words)
         self.metrics.close(STOPPED if stopped else FINISHED)
+
+    def finished(self, progress: Progress, snapshot_path: str) -> None:
+        """The run reached its budget: close it with what it did and what to do next."""
+        losses = [f"train loss {self.last_train_loss.item():.4f}"] if self.last_train_loss is not None else []
+        if self.eval_loss is not None:
+            losses.append(f"eval loss {self.eval_loss:.4f}")
+        steps = progress.step - (self.first_step or 0)
+        generate = Path(sys.argv[0]).with_name("generate.py")  # beside main.py, as the user named it
+        self.close(f"Finished: epoch {progress.epoch}, step {progress.step:,}, {progress.tokens:,} tokens "
+                   f"({steps:,} steps in {format_eta(time.monotonic() - self.started)} in this run); "
+                   f"{', '.join(losses)}\nSample from its snapshot: python {generate} --snapshot {snapshot_path}")
 
     @contextlib.contextmanager
     def failed_on_error(self) -> Iterator[None]:

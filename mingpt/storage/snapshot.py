@@ -65,6 +65,11 @@ class Progress:
     def finish_epoch(self, epoch: int) -> None:
         self.finished_epoch, self.epoch_step, self.epoch_samples = epoch, 0, 0
 
+    @property
+    def epoch(self) -> int:
+        """The epoch training is in: the one under way, or at a boundary the one just finished."""
+        return self.finished_epoch + 1 if self.epoch_samples else self.finished_epoch
+
 
 @dataclass
 class Snapshot(Progress):
