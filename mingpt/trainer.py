@@ -201,8 +201,7 @@ class Trainer:
         stop signal ended the run early (after its snapshot)."""
         config = self.config
         if self._budget_spent():
-            self.report.close(f"Nothing left to do: the snapshot holds the end of this run ({self._budget()}); "
-                              "raise it to train on, or set another trainer_config.snapshot_path to start afresh")
+            self.report.close(self._nothing_left())
             return
         agreement = control.StepAgreement(config.stop_signals, config.save_every_minutes, self.env)
         failed, finished = self.report.failed_on_error(), self.checkpointer.finished_on_error()
@@ -228,9 +227,11 @@ class Trainer:
             self.evaluate(self.progress.epoch)
         self.checkpointer.finish()
 
-    def _budget(self) -> str:
+    def _nothing_left(self) -> str:
         tc = self.config
-        return f"trainer_config.max_steps={tc.max_steps}" if tc.max_steps else f"trainer_config.max_epochs={tc.max_epochs}"
+        budget = f"max_steps={tc.max_steps}" if tc.max_steps else f"max_epochs={tc.max_epochs}"
+        return (f"Nothing left to do: the snapshot holds the end of this run (trainer_config.{budget}); raise "
+                "it to train on, or set another trainer_config.snapshot_path to start afresh")
 
     def _budget_spent(self) -> bool:
         if self.config.max_steps:

@@ -1,5 +1,4 @@
 """plot_metrics.py: a PNG of train and eval loss from a metrics file, and clean refusals."""
-import json
 import math
 import struct
 import sys

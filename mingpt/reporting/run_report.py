@@ -119,7 +119,8 @@ class RunReport:
         generate = Path(sys.argv[0]).with_name("generate.py")  # beside main.py, as the user named it
         self.close(f"Finished: epoch {progress.epoch}, step {progress.step:,}, {progress.tokens:,} tokens "
                    f"({steps:,} steps in {format_eta(time.monotonic() - self.started)} in this run); "
-                   f"{', '.join(losses)}\nSample from its snapshot: python {generate} --snapshot {snapshot_path}")
+                   f"{', '.join(losses)}\n"
+                   f"Sample from its snapshot: python {generate} --snapshot {snapshot_path}")
 
     @contextlib.contextmanager
     def failed_on_error(self) -> Iterator[None]:
