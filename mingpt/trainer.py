@@ -230,8 +230,8 @@ class Trainer:
     def _nothing_left(self) -> str:
         tc = self.config
         budget = f"max_steps={tc.max_steps}" if tc.max_steps else f"max_epochs={tc.max_epochs}"
-        return (f"Nothing left to do: the snapshot holds the end of this run (trainer_config.{budget}); raise "
-                "it to train on, or set another trainer_config.snapshot_path to start afresh")
+        return (f"Nothing left to do: the snapshot holds the end of this run (trainer_config.{budget}); "
+                "raise it to train on, or set another trainer_config.snapshot_path to start afresh")
 
     def _budget_spent(self) -> bool:
         if self.config.max_steps:
