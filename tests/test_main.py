@@ -3,6 +3,7 @@ users start it for the README's cases, main.run() in the test's process for the 
 import os
 import pickle
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from helpers import (
     final_state,
     losses,
     one_error_line,
+    run,
     run_main,
     run_main_in_process,
     sha256,
@@ -246,16 +248,27 @@ def offline() -> list[str]:
     pytest.skip("no network namespace here (unshare --net and ip): cannot run a command offline")
 
 
-def test_a_fresh_clone_trains_on_the_committed_corpus_with_no_network(tmp_path):
-    """The README's first command in a clone with no network, but with batch 4 (the default model's
-    default batch of 216 takes half a minute a step on a CPU). Once it trains, SIGTERM to its whole
-    process group, default data worker included, stops it cleanly."""
+def quick_start_commands() -> list[list[str]]:
+    """The README's quick start, its commands after the install, as argument lists."""
+    section = (REPO / "README.md").read_text().split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+    lines = [line.split("&& ")[-1] for block in blocks for line in block.splitlines()]
+    return [shlex.split(line) for line in lines if line.startswith(".venv/bin/python mingpt/")]
+
+
+def test_the_quick_start_works_in_order_in_a_fresh_clone_with_no_network(tmp_path):
+    """The README's quick start as written, in a clone with no network, made short: the default run
+    with batch 4 (its 216 take half a minute a step here), stopped by SIGTERM to its whole process
+    group (its data worker too) once it trains; then the laptop config, 20 steps, although the default
+    run's snapshot of another model is there; then generate.py on what that left."""
+    default, laptop, generate = quick_start_commands()
+    assert default == [".venv/bin/python", "mingpt/main.py"] and laptop[-2:] == ["--config-name", "laptop"]
     root = fresh_clone(tmp_path)
     assert sha256(root / "data" / "input.txt") == SHAKESPEARE_SHA256  # tracked, and tiny-shakespeare
-    command = [*offline(), sys.executable, "mingpt/main.py", "trainer_config.batch_size=4"]
-    process = subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-                                        PYTHONPATH=str(root)),
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(root))
+    python = [*offline(), sys.executable]
+    process = subprocess.Popen([*python, *default[1:], "trainer_config.batch_size=4"], cwd=root, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
     seen = []
     for line in process.stdout:
@@ -268,6 +281,14 @@ def test_a_fresh_clone_trains_on_the_committed_corpus_with_no_network(tmp_path):
     assert workers >= 1 or len(os.sched_getaffinity(0)) < 2, output  # the default's worker is alive
     assert process.returncode == 75 and "Stopping on SIGTERM: snapshot saved at step" in output, output
     assert (root / "gpt_snapshot.pt").exists()
+
+    short = ["trainer_config.max_steps=20", "trainer_config.eval_every_steps=10"]
+    trained = run([*python, *laptop[1:], *short], cwd=root, env=env)
+    assert_ok(trained)
+    assert "Sample from its snapshot: python mingpt/generate.py --snapshot laptop_snapshot.pt" in trained.stdout
+    sampled = run([*python, *generate[1:], "--length", "50"], cwd=root, env=env)
+    assert_ok(sampled)
+    assert sampled.stdout.startswith("ROMEO:") and len(sampled.stdout.rstrip("\n")) >= 50
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,9 @@ Rate-limited: a report waits for the device (it reads the loss), so it comes at 
 
 Rates are measured from the end of the first step after each (re)start of measuring: that step
 carries start-up (data workers, allocator, compilation, the first eval's aftermath), which would
-otherwise show as a slow rate and an ETA of days.
+otherwise show as a slow rate and an ETA of days. tokens/s and MFU are those of the latest window;
+the ETA is from every window of this run together, so that it settles instead of swinging with each
+window's few steps.
 """
 import datetime
 import time
@@ -14,8 +16,10 @@ from typing import Optional
 import torch
 
 from mingpt.reporting.flops import model_flops_utilization
-from mingpt.reporting.logger import on_terminal, show_status
+from mingpt.reporting.logger import log, on_terminal, show_status
 
+LONG_RUN_S = 3600.0
+"""A first ETA longer than this brings the long-run hint (see TrainingMonitor.long_run_hint)."""
 BAR_WIDTH = 20
 TERMINAL_INTERVAL_S = 1.0
 
@@ -26,7 +30,8 @@ def format_eta(seconds: float) -> str:
 
 class TrainingMonitor:
     def __init__(self, flops_per_token: int, peak_flops: Optional[float], world_size: int,
-                 total_steps: int, max_epochs: Optional[int], interval_s: float, active: bool):
+                 total_steps: int, max_epochs: Optional[int], interval_s: float, active: bool,
+                 long_run_hint: str = ""):
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
         """One device's peak in the precision training uses (flops.peak_flops); None: no MFU."""
@@ -38,6 +43,10 @@ class TrainingMonitor:
         self.tokens_per_s: Optional[float] = None
         """Throughput of all ranks together over the latest report window."""
         self._window: Optional[tuple[float, int, int]] = None  # start time, step, tokens
+        self._timed = (0.0, 0)
+        """Seconds and steps of every window so far: the ETA's rate."""
+        self.long_run_hint = long_run_hint
+        """Said once, when the first ETA is over LONG_RUN_S (a GPU-sized run on a CPU)."""
 
     def restart_window(self) -> None:
         """Measure afresh from the end of the next step: call before training starts or resumes
@@ -64,18 +73,22 @@ class TrainingMonitor:
         loss_value = loss.item()  # waits for the device, so the clock below is honest
         elapsed = time.monotonic() - start
         self.tokens_per_s = (tokens - start_tokens) / elapsed
-        seconds_per_step = elapsed / (step - start_step)
-        show_status(self._line(epoch, step, loss_value, seconds_per_step))
+        timed_s, timed_steps = self._timed[0] + elapsed, self._timed[1] + step - start_step
+        self._timed = (timed_s, timed_steps)
+        eta_s = max(self.total_steps - step, 0) * timed_s / timed_steps
+        show_status(self._line(epoch, step, loss_value, eta_s))
+        if self.long_run_hint and eta_s > LONG_RUN_S:
+            log.info(f"This run will take about {format_eta(eta_s)} here; {self.long_run_hint}")
+        self.long_run_hint = ""
         self._window = (time.monotonic(), step, tokens)
 
-    def _line(self, epoch: int, step: int, loss: float, seconds_per_step: float) -> str:
+    def _line(self, epoch: int, step: int, loss: float, eta_s: float) -> str:
         done = step / max(self.total_steps, 1)
         mfu = f" | MFU {self.mfu:.1%}" if self.mfu is not None else ""
         bar = ""
         if on_terminal():
             filled = round(BAR_WIDTH * done)
             bar = f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {done:4.0%} "
-        eta = format_eta(max(self.total_steps - step, 0) * seconds_per_step)
         epochs = f"/{self.max_epochs}" if self.max_epochs else ""  # none under a step budget
         return (f"{bar}epoch {epoch}{epochs} | step {step}/{self.total_steps} | "
-                f"loss {loss:.4f} | {self.tokens_per_s:,.0f} tok/s{mfu} | ETA {eta}")
+                f"loss {loss:.4f} | {self.tokens_per_s:,.0f} tok/s{mfu} | ETA {format_eta(eta_s)}")

@@ -25,6 +25,12 @@ if TYPE_CHECKING:
     from mingpt.trainer import TrainerConfig
 
 
+def command_beside(script: str) -> str:
+    """The command of another of the project's scripts, as the user named main.py (mingpt/main.py,
+    main.py, an absolute path)."""
+    return f"python {Path(sys.argv[0]).with_name(script)}"
+
+
 class RunReport:
     def __init__(self, metrics: MetricsLog, monitor: TrainingMonitor, rank: int, log_every: int):
         self.metrics = metrics
@@ -52,7 +58,9 @@ class RunReport:
             peak_flops=peak_flops(env.device, matmul_dtype) if env.is_main else None,
             world_size=env.world_size, total_steps=total_steps,
             max_epochs=None if config.max_steps else config.max_epochs,
-            interval_s=config.progress_interval_s, active=env.is_main)
+            interval_s=config.progress_interval_s, active=env.is_main,
+            long_run_hint=f"for a run of minutes on a CPU: {command_beside('main.py')} --config-name laptop"
+            if env.device.type == "cpu" else "")
         return cls(metrics, monitor, env.rank, config.log_every)
 
     def track(self, config: TrackerConfig, snapshot_folder: str, progress: Progress,
@@ -116,11 +124,10 @@ class RunReport:
         if self.eval_loss is not None:
             losses.append(f"eval loss {self.eval_loss:.4f}")
         steps = progress.step - (self.first_step or 0)
-        generate = Path(sys.argv[0]).with_name("generate.py")  # beside main.py, as the user named it
         self.close(f"Finished: epoch {progress.epoch}, step {progress.step:,}, {progress.tokens:,} tokens "
                    f"({steps:,} steps in {format_eta(time.monotonic() - self.started)} in this run); "
                    f"{', '.join(losses)}\n"
-                   f"Sample from its snapshot: python {generate} --snapshot {snapshot_path}")
+                   f"Sample from its snapshot: {command_beside('generate.py')} --snapshot {snapshot_path}")
 
     @contextlib.contextmanager
     def failed_on_error(self) -> Iterator[None]:

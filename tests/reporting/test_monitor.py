@@ -57,3 +57,19 @@ def test_a_step_budget_shows_no_epoch_count(capsys, monkeypatch):
     tracker.update(epoch=2, step=1, tokens=500, loss=torch.tensor(2.0))
     tracker.update(epoch=2, step=11, tokens=5500, loss=torch.tensor(1.5))
     assert "epoch 2 | step 11/30 |" in capsys.readouterr().out
+
+
+def test_the_eta_is_from_every_window_and_a_long_cpu_run_names_the_short_config(capsys, monkeypatch):
+    """A window of 10 steps in 10 s, then one of 10 steps in 30 s (a busy machine): tok/s is the
+    latest window's, the ETA the rate of both (40 s for 20 steps), so it does not jump threefold."""
+    tracker = tracker_at(monkeypatch, [0.0, 10.0, 10.0, 10.0, 40.0, 40.0, 40.0], total_steps=3621,
+                         long_run_hint="for a run of minutes: X")
+    tracker.restart_window()
+    tracker.update(1, 1, 0, torch.tensor(1.0))
+    tracker.update(1, 11, 5000, torch.tensor(1.0))
+    first = capsys.readouterr().out.splitlines()
+    assert first[0].endswith("| ETA 1:00:10") and first[1] == "This run will take about 1:00:10 here; " \
+        "for a run of minutes: X"
+    tracker.update(1, 21, 10000, torch.tensor(1.0))
+    later = capsys.readouterr().out.splitlines()
+    assert len(later) == 1 and "| 167 tok/s |" in later[0] and later[0].endswith("| ETA 2:00:00")
