@@ -46,9 +46,9 @@ from common import (
     timed_steps,
 )
 
+from mingpt.common.errors import MinGPTError
 from mingpt.distributed.activation_checkpointing import CHECKPOINTING_MODES, saved_activations
 from mingpt.model import PRESETS
-from mingpt.reporting.errors import MinGPTError
 
 COMMUNICATION_REGIONS = ("FSDP::all_gather", "FSDP::post_backward_reduce", "FSDP::post_backward_rs_wait")
 """FSDP2's record_function names around its collectives (all_gather also covers all_gather_copy_out,

@@ -20,7 +20,7 @@ Target: every prediction within 10% of the measured peak of every rank.
 
 Step time: measured over the steps after the first; the compute alone from a DDP step without its
 gradient all-reduce, which gives the utilisation reached here (achieved FLOP/s over the 1-thread
-fp32 matmul peak); the planner's step time (distributed/step_time.py) at that utilisation and at
+fp32 matmul peak); the planner's step time (planning/step_time.py) at that utilisation and at
 the bandwidth and latency of gloo's all-reduce measured here, against the measured one; the
 communication share: the step's time beyond that compute, measured and predicted (no target).
 """
@@ -35,9 +35,9 @@ import torch
 from common import RESULTS, benchmark_trainer, emit, run_workers, save_json, synthetic_dataset
 
 from mingpt.distributed import parallel
-from mingpt.distributed.memory import MemoryEstimate, Placement, estimate_memory
-from mingpt.distributed.step_time import Cluster, step_time
 from mingpt.model import GPTConfig
+from mingpt.planning.memory import MemoryEstimate, Placement, estimate_memory
+from mingpt.planning.step_time import Cluster, step_time
 from mingpt.reporting.flops import matmul_flops_by_size
 
 MODELS = {"default": (8, 8, 512), "gpt2-medium": (24, 16, 1024), "tiny": (2, 4, 128)}
@@ -187,11 +187,10 @@ def memory_row(shape: argparse.Namespace, text: str, mine: list[dict]) -> dict:
 def timing_fields(shape, row: dict, mine: list[dict], compute: dict, links: dict, peak_flops: float) -> dict:
     """Measured step time and communication share beside the planner's, at the utilisation reached
     here (DDP's step without its all-reduce) and gloo's measured bandwidth and latency."""
-    from mingpt.plan import Setting  # the parent's only: the workers need not import the planner
+    from mingpt.planning.advice import Setting  # the parent's only: the workers need not import it
 
     method, checkpointing, ranks = row["method"], row["checkpointing"], row["ranks"]
-    setting = Setting(model_config(shape), shape.batch_size, 1, True, None, None, method, checkpointing,
-                      None, 0.9)
+    setting = Setting(model_config(shape), shape.batch_size, Placement(method), checkpointing, None, 0.9)
     work = setting.work(checkpointing)
     compute_s = compute.get(checkpointing) or min(entry["step_s"] for entry in mine)
     utilization = (work.flops_per_token + work.recompute_flops_per_token) * work.tokens_per_micro_batch / (

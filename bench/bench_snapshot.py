@@ -24,9 +24,9 @@ import torch
 from common import RESULTS, benchmark_trainer, save_json, timed_steps
 from s3_server import start_s3_server
 
+from mingpt.common import files
 from mingpt.distributed.parallel import gather_full_state, unwrap
 from mingpt.distributed.process_group import distributed_session
-from mingpt.storage import files
 from mingpt.storage.snapshot import Snapshot, read_snapshot, write_snapshot
 
 

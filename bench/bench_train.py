@@ -66,13 +66,13 @@ from mingpt.char_dataset import (
     prepare_corpus,
     split_dataset,
 )
+from mingpt.common.errors import DataError
+from mingpt.common.logger import configure_logging, log
 from mingpt.distributed.parallel import METHODS, gradient_sync
 from mingpt.distributed.precision import resolve_precision
 from mingpt.distributed.process_group import DistEnv, barrier, distributed_session
 from mingpt.model import GPT, PRESETS, GPTConfig, OptimizerConfig
-from mingpt.reporting.errors import DataError
 from mingpt.reporting.flops import gpu_peak_flops, matmul_flops_by_size, model_flops_utilization, wait_for
-from mingpt.reporting.logger import configure_logging, log
 from mingpt.trainer import Trainer, TrainerConfig
 
 SEED = 1337

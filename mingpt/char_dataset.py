@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from mingpt.reporting.errors import DataError, check, check_choice, check_positive
+from mingpt.common.errors import DataError, check, check_choice, check_positive
 from mingpt.tokens.permutation import Permutation
 from mingpt.tokens.token_file import TokenFile, encode_text, open_token_file, prepare, token_file_for
 from mingpt.tokens.tokenizer import (

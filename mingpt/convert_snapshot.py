@@ -6,7 +6,7 @@ Runs in one process, with no process group: generate.py and any single-file read
 """
 from typing import Optional
 
-from mingpt.reporting.errors import OneLineArgumentParser, command
+from mingpt.common.errors import OneLineArgumentParser, command
 from mingpt.storage.sharded_store import to_single_file
 
 

@@ -25,8 +25,8 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from mingpt.reporting.errors import MinGPTError, OneLineArgumentParser, SnapshotError, command
-from mingpt.storage import files
+from mingpt.common import files
+from mingpt.common.errors import MinGPTError, OneLineArgumentParser, SnapshotError, command
 from mingpt.storage.gpt2_folder import HF_ACTIVATIONS, LAYER_NORM_EPS, gpt2_entry
 from mingpt.storage.snapshot import Snapshot, snapshot_at
 

@@ -25,8 +25,8 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
+from mingpt.common.errors import MinGPTError, OneLineArgumentParser, SnapshotError, command, short_reason
 from mingpt.model import GPT, GPTConfig
-from mingpt.reporting.errors import MinGPTError, OneLineArgumentParser, SnapshotError, command, short_reason
 from mingpt.storage.snapshot import Snapshot, snapshot_at
 from mingpt.tokens.tokenizer import Vocabulary
 

@@ -23,8 +23,8 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
+from mingpt.common.errors import OneLineArgumentParser, command
 from mingpt.distributed.control import STOP_RECORD_ENV, clean_stops
-from mingpt.reporting.errors import OneLineArgumentParser, command
 
 MAIN = Path(__file__).resolve().with_name("main.py")
 CPU_WORKERS = 2

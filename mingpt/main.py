@@ -10,8 +10,8 @@ their checks reject out-of-range values with one line naming the key.
 import dataclasses
 import os
 import sys
-from pathlib import Path
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Optional
 
 import hydra
@@ -29,11 +29,11 @@ from mingpt.char_dataset import (
     prepare_corpus,
     split_dataset,
 )
+from mingpt.common.errors import MinGPTError, check, command, short_reason
+from mingpt.common.logger import configure_logging, log, warn_once
 from mingpt.distributed.control import INTERRUPT_EXIT_STATUS, RunStopped, record_clean_stop
 from mingpt.distributed.process_group import DistEnv, barrier, distributed_session, said_by_local_rank_zero
 from mingpt.model import GPT, GPTConfig, OptimizerConfig
-from mingpt.reporting.errors import MinGPTError, check, command, short_reason
-from mingpt.reporting.logger import configure_logging, log, warn_once
 from mingpt.reporting.trackers import TrackerConfig
 from mingpt.storage.gpt2_folder import GPT2Folder, open_folder
 from mingpt.trainer import Trainer, TrainerConfig

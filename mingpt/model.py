@@ -2,6 +2,7 @@
 
 Shapes in comments: B batch, T time (block), C embedding, nh heads, hs head size (C // nh), V vocab.
 """
+import functools
 import hashlib
 import math
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mingpt.reporting.errors import check, check_choice, check_not_negative, check_positive
+from mingpt.common.errors import check, check_choice, check_not_negative, check_positive
 
 # (n_layer, n_head, n_embd) of the named models minGPT knows.
 PRESETS: dict[str, tuple[int, int, int]] = {
@@ -39,9 +40,9 @@ class GPTConfig:
 
     model_type: Optional[str] = None
     """A named preset (see PRESETS); give it alone, with the three sizes set to null."""
-    n_layer: Optional[int] = 8
-    n_head: Optional[int] = 8
-    n_embd: Optional[int] = 512
+    n_layer: Optional[int] = DEFAULT_SIZES["n_layer"]
+    n_head: Optional[int] = DEFAULT_SIZES["n_head"]
+    n_embd: Optional[int] = DEFAULT_SIZES["n_embd"]
     vocab_size: Optional[int] = None
     """Set from the data, not by the user."""
     block_size: Optional[int] = None
@@ -327,6 +328,19 @@ class GPT(nn.Module):
     def matmul_weights(self) -> int:
         """Weights of the Linear layers: 2 FLOPs each per token forward, 4 backward."""
         return sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+
+
+def meta_model(config: GPTConfig) -> GPT:
+    """The GPT of a config's sizes on the meta device, for its parameter counts, state and FLOPs
+    without any memory; built once per size (a large one takes seconds even there)."""
+    return _meta_model(config.n_layer, config.n_head, config.n_embd, config.vocab_size, config.block_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _meta_model(n_layer: int, n_head: int, n_embd: int, vocab_size: int, block_size: int) -> GPT:
+    with torch.device("meta"):
+        return GPT(GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab_size,
+                             block_size=block_size))
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:

@@ -6,21 +6,17 @@ A snapshot holds the fp32 model state plus AdamW's two moments per parameter: ab
 """
 from typing import Optional
 
-import torch
-
-from mingpt.model import GPT, PRESETS, GPTConfig
-from mingpt.reporting.errors import OneLineArgumentParser, command
+from mingpt.common.errors import OneLineArgumentParser, command
+from mingpt.model import DEFAULT_SIZES, PRESETS, GPTConfig, meta_model
 
 DEFAULT = "default (gpt2_train_cfg.yaml)"
-SETTINGS: dict[str, tuple[int, int, int]] = {DEFAULT: (8, 8, 512), **PRESETS}
+SETTINGS: dict[str, tuple[int, int, int]] = {DEFAULT: tuple(DEFAULT_SIZES.values()), **PRESETS}
 
 
 def measure(n_layer: int, n_head: int, n_embd: int, vocab_size: int, block_size: int) -> tuple[int, int]:
     """(parameter count, model state-dict bytes) of one setting, built on the meta device."""
-    config = GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd,
-                       vocab_size=vocab_size, block_size=block_size)
-    with torch.device("meta"):
-        model = GPT(config)
+    model = meta_model(GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                                 vocab_size=vocab_size, block_size=block_size))
     params = sum(p.numel() for p in model.parameters())
     state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     return params, state_bytes

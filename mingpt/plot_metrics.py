@@ -23,9 +23,9 @@ import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import EngFormatter  # noqa: E402
 
-from mingpt.reporting.errors import MinGPTError, OneLineArgumentParser, command, short_reason  # noqa: E402
+from mingpt.common.errors import MinGPTError, OneLineArgumentParser, command, short_reason  # noqa: E402
+from mingpt.common.files import open_file  # noqa: E402
 from mingpt.reporting.metrics import read_metrics  # noqa: E402
-from mingpt.storage.files import open_file  # noqa: E402
 
 FIGURE_INCHES = (8.0, 4.5)
 DPI = 100  # FIGURE_INCHES * DPI = 800 x 450 pixels

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from mingpt.reporting.errors import OneLineArgumentParser, command
-from mingpt.storage.files import CACHE_DIR_ENV
+from mingpt.common.errors import OneLineArgumentParser, command
+from mingpt.common.files import CACHE_DIR_ENV
 from mingpt.tokens.token_file import fingerprint, open_token_file, prepare
 from mingpt.tokens.tokenizer import CHAR, DEFAULT_SAMPLE_MB, DEFAULT_VOCAB_SIZE, TokenizerChoice
 

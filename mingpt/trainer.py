@@ -1,7 +1,7 @@
 """The training loop: epochs of training, a snapshot every `save_every` epochs, an eval pass.
 
 The model arrives unwrapped on the meta device (main.py); the Trainer checks that its step fits
-(distributed/memory.py), places and wraps it for the configured method (each rank only its shards
+(planning/memory.py), places and wraps it for the configured method (each rank only its shards
 under FSDP), then builds the optimizer. It keeps the loop, evaluation and the phases of a step;
 snapshots are the Checkpointer's (storage/checkpointer.py), and decisions every rank takes at one
 step (a stop signal, a snapshot timer) come from control.py. A resumed run continues with the next
@@ -16,14 +16,15 @@ import torch.nn as nn
 from torch.utils.data import Dataset
 
 from mingpt.char_dataset import batch_on, in_windows
+from mingpt.common.errors import TrainingDiverged, check, check_choice, check_not_negative, check_positive
 from mingpt.distributed import control, parallel
 from mingpt.distributed.activation_checkpointing import CHECKPOINTING_MODES, checkpoint_blocks
-from mingpt.distributed.memory import check_memory, plan_memory
 from mingpt.distributed.precision import AMP_DTYPES, resolve_precision
 from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, all_reduce_sum, rank_zeros
 from mingpt.model import OptimizerConfig, create_optimizer, learning_rate_at, set_learning_rate
-from mingpt.reporting.errors import TrainingDiverged, check, check_choice, check_not_negative, check_positive
-from mingpt.reporting.run_report import RunReport
+from mingpt.planning.memory import Placement, check_memory, plan_memory
+from mingpt.reporting.metrics import default_metrics_path
+from mingpt.reporting.run_report import ReportSettings, RunReport
 from mingpt.reporting.trackers import TrackerConfig
 from mingpt.storage.checkpointer import SNAPSHOT_FORMATS, Checkpointer, SnapshotPolicy
 from mingpt.storage.snapshot import Snapshot
@@ -128,6 +129,20 @@ class TrainerConfig:
               f"accumulation x {world_size} process(es)) is more than the {train_samples:,} training "
               f"samples; use at most {train_samples // (self.grad_accum_steps * world_size)}, or more data")
 
+    def placement(self, world_size: int, ranks_per_node: int, device_type: str,
+                  compute_dtype: Optional[torch.dtype]) -> Placement:
+        """How this run spreads its training state over a world: what the Trainer checks at start-up
+        and plan.py plans, from the same keys."""
+        return Placement(self.distributed_method, world_size, ranks_per_node, device_type, compute_dtype,
+                         self.cpu_offload, self.reshard_after_forward, self.grad_accum_steps,
+                         self.snapshot_format if self.async_snapshots else None)
+
+    def report_settings(self) -> ReportSettings:
+        return ReportSettings(self.metrics_path or default_metrics_path(self.snapshot_path),
+                              metrics_folder_of_its_own=self.metrics_path is not None,
+                              log_every=self.log_every, progress_interval_s=self.progress_interval_s,
+                              max_epochs=None if self.max_steps else self.max_epochs)
+
     def snapshot_policy(self) -> SnapshotPolicy:
         return SnapshotPolicy(path=self.snapshot_path, snapshot_format=self.snapshot_format,
                               keep_last=self.keep_last, async_snapshots=self.async_snapshots,
@@ -154,8 +169,8 @@ class Trainer:
         self.progress = self.checkpointer.resume(self.model, self.optimizer, self.scaler)
         self.steps_per_epoch = len(self.train_loader)
         self.total_steps = self._planned_steps()
-        self.report = RunReport.open(config, env, self.precision.matmul_dtype, model.flops_per_token(),
-                                     self.total_steps, self.checkpointer.folder, self.progress.step)
+        self.report = RunReport.open(config.report_settings(), env, self.precision.matmul_dtype,
+                                     model.flops_per_token(), self.total_steps, self.progress.step)
 
     def _place(self, model: nn.Module) -> None:
         """Check that the training state fits, then wrap the meta-device model for the configured
@@ -164,7 +179,10 @@ class Trainer:
         self.precision = resolve_precision(config.use_amp, config.amp_dtype, env.device)
         self.precision.configure_matmuls()
         checkpoint_blocks(model, config.activation_checkpointing)  # before wrapping: FSDP's hooks go outside
-        self.memory = plan_memory(model.config, config, self.precision.amp_dtype, env)  # the step, traced
+        placement = config.placement(env.world_size, env.local_world_size, env.device.type,
+                                     self.precision.amp_dtype)
+        self.memory = plan_memory(model.config, placement, config.batch_size, config.activation_checkpointing,
+                                  env)  # the step, traced
         check_memory(self.memory, env)  # before anything is allocated
         method = parallel.Parallelism(config.distributed_method, config.cpu_offload,
                                       config.reshard_after_forward, cpu_collectives=env.backend == "gloo")

@@ -143,8 +143,8 @@ def run_main_in_process(args: list, capsys) -> subprocess.CompletedProcess:
     are gone when it returns; a test that trains this way wants the one_torch_thread fixture."""
     from hydra import compose, initialize_config_dir
 
+    from mingpt.common.logger import log
     from mingpt.main import run
-    from mingpt.reporting.logger import log
 
     with initialize_config_dir(config_dir=str(MINGPT), version_base=None):
         cfg = compose("gpt2_train_cfg", overrides=[str(arg) for arg in args])

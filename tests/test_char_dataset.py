@@ -4,7 +4,7 @@ import torch
 from helpers import make_text, serving
 
 from mingpt.char_dataset import CharDataset, DataConfig, open_corpus, prepare_corpus, split_dataset
-from mingpt.reporting.errors import ConfigError, DataError
+from mingpt.common.errors import ConfigError, DataError
 
 
 def dataset_of(text: str, block_size: int = 8) -> CharDataset:

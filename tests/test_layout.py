@@ -26,7 +26,7 @@ def test_only_the_storage_door_imports_fsspec():
     imports = re.compile(r"^\s*(import fsspec|from fsspec)", re.M)
     importers = [str(path.relative_to(REPO)) for path in python_files("mingpt")
                  if imports.search(path.read_text())]
-    assert importers == ["mingpt/storage/files.py"]
+    assert importers == ["mingpt/common/files.py"]
 
 
 def test_only_process_group_makes_process_groups():

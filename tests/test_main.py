@@ -25,7 +25,6 @@ from helpers import (
     sha256,
     tiny_overrides,
 )
-
 from state_equality import assert_same_state
 
 from mingpt import generate

@@ -5,6 +5,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mingpt.common.errors import ConfigError
 from mingpt.model import (
     GPT,
     PRESETS,
@@ -18,7 +19,6 @@ from mingpt.model import (
     parameter_groups,
     parameter_seed,
 )
-from mingpt.reporting.errors import ConfigError
 
 
 def tiny_gpt(**overrides) -> GPT:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers import assert_ok, run_main_in_process, tiny_overrides
 
-from mingpt.reporting.errors import ConfigError
+from mingpt.common.errors import ConfigError
 from mingpt.reporting.metrics import default_metrics_path, read_metrics
 from mingpt.trainer import TrainerConfig
 

@@ -40,8 +40,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from mingpt.common.errors import check
 from mingpt.distributed.process_group import DistEnv, side_group
-from mingpt.reporting.errors import check
 
 STOP_EXIT_STATUS = 75
 """Exit status of a run stopped by a signal after saving its snapshot (EX_TEMPFAIL: try again

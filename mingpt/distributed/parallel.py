@@ -46,10 +46,10 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from mingpt.common.errors import check
 from mingpt.distributed.cpu_collectives import overlap_and_reuse
 from mingpt.distributed.precision import Precision
 from mingpt.distributed.process_group import DistEnv, all_gather_objects, grid_groups
-from mingpt.reporting.errors import check
 
 METHODS = ("ddp", "fsdp", "hsdp")
 SHARDED_METHODS = ("fsdp", "hsdp")

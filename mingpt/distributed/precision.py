@@ -16,9 +16,18 @@ from typing import Optional
 
 import torch
 
-from mingpt.reporting.logger import warn_once
+from mingpt.common.logger import warn_once
 
 AMP_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+SHORT_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def dtype_name(dtype: Optional[torch.dtype], tf32: bool = False) -> str:
+    """A compute dtype as peaks and log lines name it (fp16, bf16); None, no mixed precision: fp32,
+    or tf32 where fp32 matmuls may run as TF32."""
+    if dtype is None:
+        return "tf32" if tf32 else "fp32"
+    return SHORT_NAMES[dtype]
 
 
 @dataclass(frozen=True)
@@ -40,9 +49,7 @@ class Precision:
     @property
     def matmul_dtype(self) -> str:
         """What the matmuls run in, which sets the peak MFU is held against: bf16, fp16, tf32, fp32."""
-        if self.amp_dtype is not None:
-            return "fp16" if self.amp_dtype == torch.float16 else "bf16"
-        return "tf32" if self.allows_tf32 else "fp32"
+        return dtype_name(self.amp_dtype, tf32=self.allows_tf32)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.amp_dtype is None:

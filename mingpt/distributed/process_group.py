@@ -18,7 +18,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from mingpt.reporting.errors import MinGPTError, say_error
+from mingpt.common.errors import MinGPTError, say_error
 
 DEFAULT_TIMEOUT_S = 1800.0
 """Collectives wait this long for the slowest rank (NCCL's own default is 10 minutes)."""

@@ -20,7 +20,7 @@ from typing import Callable, Optional
 
 import torch
 
-from mingpt.storage.files import cache_folder
+from mingpt.common.files import cache_folder
 
 
 @dataclass(frozen=True)

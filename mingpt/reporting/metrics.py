@@ -17,9 +17,9 @@ from typing import Any, Optional
 
 import torch
 
-from mingpt.reporting.logger import warn_once
+from mingpt.common import files
+from mingpt.common.logger import warn_once
 from mingpt.reporting.trackers import FINISHED, Trackers
-from mingpt.storage import files
 
 
 def default_metrics_path(snapshot_path: str) -> str:
@@ -30,14 +30,10 @@ def default_metrics_path(snapshot_path: str) -> str:
     return snapshot_path.rstrip("/") + "/metrics.jsonl"
 
 
-def open_run_metrics(path: Optional[str], snapshot_path: str, active: bool,
-                     probed_folder: str) -> "MetricsLog":
-    """The run's metrics log, at path or beside the snapshots; its folder is checked for writing at
-    start-up, unless it is probed_folder (the snapshots', which their store checks already)."""
-    path = path or default_metrics_path(snapshot_path)
-    folder = files.parent_folder(path)
-    if active and folder != probed_folder:
-        files.check_writable(folder, "trainer_config.metrics_path")
+def open_run_metrics(path: str, check_folder: bool, active: bool) -> "MetricsLog":
+    """The run's metrics log at path, its folder checked for writing at start-up if asked."""
+    if active and check_folder:
+        files.check_writable(files.parent_folder(path), "trainer_config.metrics_path")
     return MetricsLog(path, active)
 
 

@@ -15,8 +15,8 @@ from typing import Optional
 
 import torch
 
+from mingpt.common.logger import log, on_terminal, show_status
 from mingpt.reporting.flops import model_flops_utilization
-from mingpt.reporting.logger import log, on_terminal, show_status
 
 LONG_RUN_S = 3600.0
 """A first ETA longer than this brings the long-run hint (see TrainingMonitor.long_run_hint)."""

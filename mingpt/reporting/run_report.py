@@ -8,21 +8,34 @@ it each line with its numbers on the host, in one device sync.
 import contextlib
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
+from mingpt.common.logger import clear_status, log
 from mingpt.distributed.process_group import DistEnv
 from mingpt.reporting.flops import peak_flops
-from mingpt.reporting.logger import clear_status, log
 from mingpt.reporting.metrics import MetricsLog, open_run_metrics
 from mingpt.reporting.monitor import TrainingMonitor, format_eta
 from mingpt.reporting.trackers import FAILED, FINISHED, STOPPED, TrackerConfig, open_trackers
 from mingpt.storage.snapshot import Progress
 
-if TYPE_CHECKING:
-    from mingpt.trainer import TrainerConfig
+
+@dataclass(frozen=True)
+class ReportSettings:
+    """What a run's report needs of its config (TrainerConfig.report_settings)."""
+
+    metrics_path: str
+    """Where the metrics go: the configured path, or beside the snapshots."""
+    metrics_folder_of_its_own: bool
+    """The metrics path was configured: its folder is checked for writing at start-up (the
+    snapshots' folder is their store's to check)."""
+    log_every: int
+    progress_interval_s: float
+    max_epochs: Optional[int]
+    """The epoch budget; None under a step budget (max_steps)."""
 
 
 def command_beside(script: str) -> str:
@@ -47,21 +60,20 @@ class RunReport:
         """The step of the last evaluation."""
 
     @classmethod
-    def open(cls, config: "TrainerConfig", env: DistEnv, matmul_dtype: torch.dtype, flops_per_token: int,
-             total_steps: int, snapshot_folder: str, resumed_step: int) -> "RunReport":
+    def open(cls, settings: ReportSettings, env: DistEnv, matmul_dtype: str, flops_per_token: int,
+             total_steps: int, resumed_step: int) -> "RunReport":
         """The report of a run starting (or resuming) at resumed_step; rank 0's speaks and writes."""
-        metrics = open_run_metrics(config.metrics_path, config.snapshot_path, active=env.is_main,
-                                   probed_folder=snapshot_folder)
+        metrics = open_run_metrics(settings.metrics_path, check_folder=settings.metrics_folder_of_its_own,
+                                   active=env.is_main)
         metrics.start(resumed_step)
         monitor = TrainingMonitor(
             flops_per_token=flops_per_token,
             peak_flops=peak_flops(env.device, matmul_dtype) if env.is_main else None,
-            world_size=env.world_size, total_steps=total_steps,
-            max_epochs=None if config.max_steps else config.max_epochs,
-            interval_s=config.progress_interval_s, active=env.is_main,
+            world_size=env.world_size, total_steps=total_steps, max_epochs=settings.max_epochs,
+            interval_s=settings.progress_interval_s, active=env.is_main,
             long_run_hint=f"for a run of minutes on a CPU: {command_beside('main.py')} --config-name laptop"
             if env.device.type == "cpu" else "")
-        return cls(metrics, monitor, env.rank, config.log_every)
+        return cls(metrics, monitor, env.rank, settings.log_every)
 
     def track(self, config: TrackerConfig, snapshot_folder: str, progress: Progress,
               run_config: dict[str, Any], summary: list[str]) -> None:

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
-from mingpt.reporting.errors import check, check_choice, short_reason
-from mingpt.reporting.logger import log
-from mingpt.storage import files
+from mingpt.common import files
+from mingpt.common.errors import check, check_choice, short_reason
+from mingpt.common.logger import log
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")
 WANDB_MODES = ("offline", "online")

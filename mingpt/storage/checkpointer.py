@@ -19,13 +19,13 @@ from typing import Iterator, Optional, Sequence
 import torch
 import torch.nn as nn
 
+from mingpt.common.errors import SnapshotError, TrainingDiverged
+from mingpt.common.files import check_writable
+from mingpt.common.logger import log, warn_once
 from mingpt.distributed.control import Decision
 from mingpt.distributed.parallel import local_part, unwrap
 from mingpt.distributed.process_group import DistEnv, all_gather_objects, any_rank, side_group
-from mingpt.reporting.errors import SnapshotError, TrainingDiverged
-from mingpt.reporting.logger import log, warn_once
 from mingpt.storage.background_save import BackgroundSaves
-from mingpt.storage.files import check_writable
 from mingpt.storage.sharded_store import ShardedSnapshotStore
 from mingpt.storage.snapshot import Progress, Snapshot
 from mingpt.storage.store import FullStateStore, SnapshotStore

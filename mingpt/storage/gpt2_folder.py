@@ -19,13 +19,14 @@ them), from the memory-mapped safetensors files (get_slice).
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
+
 import torch
 from safetensors import safe_open
 from tokenizers import Tokenizer
 
+from mingpt.common import files
+from mingpt.common.errors import ConfigError, check
 from mingpt.model import DEFAULT_SIZES, GPT, PRESETS, GPTConfig
-from mingpt.reporting.errors import ConfigError, check
-from mingpt.storage import files
 from mingpt.tokens.tokenizer import CHAR, read_tokenizer_file, token_list
 
 KEY = "gpt_config.init_from"

@@ -37,10 +37,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+from mingpt.common import files
+from mingpt.common.errors import MinGPTError, SnapshotError, short_reason
 from mingpt.distributed.parallel import restore_optimizer_state
 from mingpt.distributed.process_group import barrier
-from mingpt.reporting.errors import MinGPTError, SnapshotError, short_reason
-from mingpt.storage import files
 from mingpt.storage.snapshot import Snapshot, list_entries, read_snapshot, write_error, write_snapshot
 
 DCP_ERRORS = (Exception, CheckpointException)  # DCP gathers ranks' errors into a BaseException

@@ -26,8 +26,8 @@ from typing import Any, Callable, Optional
 import torch
 import torch.nn as nn
 
-from mingpt.reporting.errors import SnapshotError, short_reason
-from mingpt.storage import files
+from mingpt.common import files
+from mingpt.common.errors import SnapshotError, short_reason
 
 TRAINING_KEY = "trainer_config.snapshot_path"
 """What the user sets to point at snapshots; error messages name it (a command may name its own)."""

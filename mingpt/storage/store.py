@@ -7,9 +7,9 @@ from typing import Any, Callable, Optional, Protocol
 import torch
 import torch.nn as nn
 
+from mingpt.common import files
+from mingpt.common.errors import SnapshotError, short_reason
 from mingpt.distributed.parallel import gather_full_state, restore_full_state, unwrap
-from mingpt.reporting.errors import SnapshotError, short_reason
-from mingpt.storage import files
 from mingpt.storage.snapshot import (
     Snapshot,
     check_tensors_fit,

@@ -25,8 +25,8 @@ Version 1 (before BPE) is version 2 of characters without tokenizer and vocab_si
 """
 import codecs
 import contextlib
-import json
 import hashlib
+import json
 import os
 import struct
 import tempfile
@@ -36,11 +36,10 @@ from pathlib import Path
 from typing import BinaryIO, Iterator, Optional
 
 import numpy as np
-
 from tokenizers import Tokenizer
 
-from mingpt.reporting.errors import DataError
-from mingpt.storage import files
+from mingpt.common import files
+from mingpt.common.errors import DataError
 from mingpt.tokens.bpe_encoder import encode_pieces
 from mingpt.tokens.tokenizer import (
     CHAR,

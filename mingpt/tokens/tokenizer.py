@@ -23,8 +23,8 @@ from typing import Iterator, Optional
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from mingpt.reporting.errors import DataError, check, short_reason
-from mingpt.storage import files
+from mingpt.common import files
+from mingpt.common.errors import DataError, check, short_reason
 
 CHAR, BPE = "char", "bpe"
 DEFAULT_VOCAB_SIZE = 4096

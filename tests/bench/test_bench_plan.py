@@ -4,9 +4,8 @@ on and off (the suite's one torchrun run for the planner; the full grid is bench
 import argparse
 import json
 
-from helpers import REPO, TORCHRUN, assert_ok, run
-
 import bench_plan
+from helpers import REPO, TORCHRUN, assert_ok, run
 
 CONFIGS = "ddp:none:2,fsdp:none:2,fsdp:full:2,ddp:full:1"
 TOLERANCE = bench_plan.TARGET

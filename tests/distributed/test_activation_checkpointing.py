@@ -7,11 +7,11 @@ from helpers import make_text
 
 from mingpt import trainer as trainer_module
 from mingpt.char_dataset import CharDataset
+from mingpt.common.errors import ConfigError
 from mingpt.distributed.activation_checkpointing import saved_activations
 from mingpt.distributed.precision import Precision
 from mingpt.distributed.process_group import DistEnv
 from mingpt.model import GPT, GPTConfig, OptimizerConfig
-from mingpt.reporting.errors import ConfigError
 
 CPU = torch.device("cpu")
 

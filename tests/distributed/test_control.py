@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from mingpt.common.errors import ConfigError
 from mingpt.distributed import control
 from mingpt.distributed.control import (
     INTERRUPT_EXIT_STATUS,
@@ -17,7 +18,6 @@ from mingpt.distributed.control import (
     check_signal_names,
     signal_number,
 )
-from mingpt.reporting.errors import ConfigError
 
 
 def test_signal_names_in_any_spelling():

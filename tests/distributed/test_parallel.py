@@ -16,11 +16,11 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.tensor import Replicate, Shard
 from workers.init_probe import FULL_STATE, PLACEMENTS, SEED, TINY, placed
 
+from mingpt.common.errors import ConfigError
 from mingpt.distributed.cpu_collectives import HostBuffers
 from mingpt.distributed.parallel import check_nodes_for_hsdp, local_rows
 from mingpt.distributed.process_group import DistEnv
 from mingpt.model import GPT
-from mingpt.reporting.errors import ConfigError
 from mingpt.reporting.metrics import default_metrics_path, read_metrics
 
 

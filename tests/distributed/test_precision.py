@@ -9,10 +9,10 @@ import torch
 from helpers import MAIN, WORKER_SCRIPTS, assert_ok, run_main, run_main_in_process, tiny_overrides
 from state_equality import assert_same_state
 
+from mingpt.common.logger import configure_logging
 from mingpt.distributed import precision
 from mingpt.distributed.parallel import unwrap
 from mingpt.distributed.precision import Precision, resolve_precision
-from mingpt.reporting.logger import configure_logging
 from mingpt.reporting.metrics import default_metrics_path, read_metrics
 
 CPU = torch.device("cpu")
@@ -113,9 +113,10 @@ def amp_run(text_file, folder, nproc, script=MAIN, env=None, **extra):
 def fp16_run(text_file, monkeypatch, capsys, one_torch_thread):
     """fp16 runs with a GradScaler whose loss scale doubles every 3 clean steps: on 1 rank in this
     process (tests/workers/amp_probe.py's forcing, applied here), on 2 through that script."""
+    from workers import amp_probe
+
     from mingpt import trainer
     from mingpt.distributed import parallel
-    from workers import amp_probe
 
     monkeypatch.setenv("SCALER_GROWTH_INTERVAL", "3")
     monkeypatch.setattr(trainer, "resolve_precision", amp_probe.fp16_with_a_scaler)

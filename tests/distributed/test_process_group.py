@@ -3,9 +3,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from mingpt.common.errors import MinGPTError
 from mingpt.distributed import process_group
 from mingpt.distributed.parallel import HSDP_MESH_DIMS, hsdp_mesh, sharding_mesh
-from mingpt.reporting.errors import MinGPTError
 from mingpt.storage.checkpointer import Checkpointer, SnapshotPolicy
 
 

@@ -258,8 +258,9 @@ def test_a_mid_epoch_snapshot_resumed_at_another_world_size_trains_each_sample_o
         text_file, tmp_path, capsys, monkeypatch, one_torch_thread):
     """2 ranks stop mid-epoch (a step budget); 1 rank (main.run() in this process) finishes the epoch
     from that sample on."""
-    from mingpt.tokens.data_loader import GlobalOrderSampler
     from workers.fault_injection import record_samples
+
+    from mingpt.tokens.data_loader import GlobalOrderSampler
 
     snapshot, record = tmp_path / "snap.pt", tmp_path / "samples"
     record.mkdir()

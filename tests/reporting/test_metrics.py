@@ -42,7 +42,7 @@ def test_inactive_log_writes_nothing(tmp_path):
 def test_a_torn_or_garbled_file_is_resumed_with_a_warning(tmp_path, capsys):
     """A run killed while appending leaves half a line; garbled bytes anywhere: never a traceback at
     the next start, the readable lines kept (configure_logging: the warning is rank 0's)."""
-    from mingpt.reporting.logger import configure_logging
+    from mingpt.common.logger import configure_logging
 
     configure_logging(rank=0)
     path = tmp_path / "m.jsonl"

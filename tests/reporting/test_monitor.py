@@ -1,7 +1,7 @@
 import torch
 
+from mingpt.common.logger import configure_logging
 from mingpt.reporting import monitor
-from mingpt.reporting.logger import configure_logging
 from mingpt.reporting.monitor import TrainingMonitor, format_eta
 
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from helpers import MAIN, TORCHRUN, assert_ok, run, start_until, tiny_overrides
 
+from mingpt.common.errors import ConfigError
 from mingpt.reporting import trackers
-from mingpt.reporting.errors import ConfigError
 from mingpt.reporting.metrics import MetricsLog, read_metrics
 from mingpt.reporting.trackers import TrackedRun, TrackerConfig, Trackers
 

@@ -19,8 +19,8 @@ from helpers import (
 )
 from safetensors.torch import load_file, save_file
 
+from mingpt.common.errors import ConfigError
 from mingpt.model import GPT, GPTConfig
-from mingpt.reporting.errors import ConfigError
 from mingpt.storage import gpt2_folder
 from mingpt.storage.gpt2_folder import GPT2Folder, open_folder
 from mingpt.storage.snapshot import read_snapshot

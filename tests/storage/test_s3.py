@@ -12,8 +12,8 @@ import pytest
 import torch
 from helpers import assert_ok, one_error_line, run_main, run_main_in_process, tiny_overrides
 
+from mingpt.common import files
 from mingpt.reporting.metrics import local_copy_of, read_metrics
-from mingpt.storage import files
 
 PART = 5 * 2**20
 """s3fs's smallest write block size (S3's smallest multipart part); s3fs's default is 50 MiB."""

@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers import RunsCode, sha256
 
-from mingpt.reporting.errors import SnapshotError
+from mingpt.common.errors import SnapshotError
 from mingpt.storage.snapshot import Snapshot, newest_snapshot, read_snapshot, write_snapshot
 from mingpt.storage.store import FullStateStore
 

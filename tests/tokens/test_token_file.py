@@ -15,8 +15,8 @@ import pytest
 from helpers import make_text
 from tokenizers import Tokenizer
 
-from mingpt.reporting.errors import DataError
-from mingpt.storage.files import CACHE_DIR_ENV
+from mingpt.common.errors import DataError
+from mingpt.common.files import CACHE_DIR_ENV
 from mingpt.tokens import token_file
 from mingpt.tokens.token_file import (
     encode_text,

@@ -4,7 +4,7 @@ import pytest
 from helpers import make_text
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from mingpt.reporting.errors import DataError
+from mingpt.common.errors import DataError
 from mingpt.tokens.tokenizer import Vocabulary, read_tokenizer_file, sample_windows, train_bpe, window_text
 
 

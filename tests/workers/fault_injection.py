@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 import mingpt
-from mingpt.reporting.errors import MinGPTError
+from mingpt.common.errors import MinGPTError
 from mingpt.tokens.data_loader import GlobalOrderSampler
 from mingpt.trainer import Trainer  # the module main.py will import, patched below
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import torch
 
 from mingpt.char_dataset import CharDataset, DataConfig, split_dataset
+from mingpt.common import files
+from mingpt.common.logger import configure_logging
 from mingpt.distributed.parallel import gather_full_state, is_sharded, local_parameter_bytes, unwrap
 from mingpt.distributed.process_group import distributed_session
 from mingpt.model import GPT, GPTConfig, OptimizerConfig
-from mingpt.reporting.logger import configure_logging
-from mingpt.storage import files
 from mingpt.trainer import Trainer, TrainerConfig
 
 SNAPSHOTS = "memory://probe"  # each process has its own in-memory filesystem

@@ -14,8 +14,8 @@ import grad_sync_probe
 import init_probe
 import probe
 
+from mingpt.common.logger import configure_logging
 from mingpt.distributed.process_group import distributed_session
-from mingpt.reporting.logger import configure_logging
 
 METHODS = ["ddp", "fsdp"]
 FOLDERS = ("init", "steps", "grad_sync")

@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 
 from mingpt.char_dataset import DataConfig
+from mingpt.common.logger import configure_logging
 from mingpt.distributed.process_group import barrier, distributed_session
 from mingpt.main import TrainConfig, build, build_and_train
 from mingpt.model import GPTConfig, OptimizerConfig
-from mingpt.reporting.logger import configure_logging
 from mingpt.trainer import TrainerConfig
 
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32)

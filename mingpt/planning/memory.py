@@ -26,15 +26,14 @@ against measured peaks.
 """
 import math
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from typing import Optional
 
 import torch
 
+from mingpt.common.errors import ConfigError
 from mingpt.distributed.process_group import DistEnv, all_gather_objects
-from mingpt.distributed.step_trace import Point, TraceKey, block_parameters, trace_step
-from mingpt.model import GPT, GPTConfig
-from mingpt.reporting.errors import ConfigError
+from mingpt.model import GPTConfig, meta_model
+from mingpt.planning.step_trace import Point, TraceKey, block_parameters, trace_step
 
 FP32 = 4
 ADAMW_MOMENTS = 2
@@ -106,16 +105,8 @@ class ModelSizes:
 
 
 def model_sizes(config: GPTConfig) -> ModelSizes:
-    return _sizes(config.n_layer, config.n_head, config.n_embd, config.vocab_size, config.block_size)
-
-
-@lru_cache(maxsize=64)
-def _sizes(n_layer: int, n_head: int, n_embd: int, vocab_size: int, block_size: int) -> ModelSizes:
-    config = GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab_size,
-                       block_size=block_size)
-    with torch.device("meta"):
-        total = sum(p.numel() for p in GPT(config).parameters())
-    return ModelSizes(total, block_parameters(config), n_layer)
+    total = sum(p.numel() for p in meta_model(config).parameters())
+    return ModelSizes(total, block_parameters(config), config.n_layer)
 
 
 def estimate_memory(config: GPTConfig, batch_size: int, checkpointing: str,
@@ -297,25 +288,22 @@ def largest_batch(config: GPTConfig, checkpointing: str, placement: Placement, f
     return low
 
 
-def plan_memory(config: GPTConfig, run, compute_dtype: Optional[torch.dtype], env: DistEnv) -> MemoryPlan:
-    """This rank's plan for the run's settings (a TrainerConfig), before anything is allocated: the
-    step in GPU memory, or in host memory shared with the machine's other ranks (CPU ranks)."""
-    placement = Placement(
-        run.distributed_method, env.world_size, env.local_world_size, env.device.type,
-        compute_dtype, run.cpu_offload, run.reshard_after_forward, run.grad_accum_steps,
-        run.snapshot_format if run.async_snapshots else None)
-    estimate = estimate_memory(config, run.batch_size, run.activation_checkpointing, placement)
+def plan_memory(config: GPTConfig, placement: Placement, batch_size: int, checkpointing: str,
+                env: DistEnv) -> MemoryPlan:
+    """This rank's plan for a step of batch_size, before anything is allocated: the step in GPU
+    memory, or in host memory shared with the machine's other ranks (CPU ranks)."""
+    estimate = estimate_memory(config, batch_size, checkpointing, placement)
     if env.device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(env.device)
         where = dict(sharers=1, memory=f"{env.device} memory", available=free,
                      host_available=host_memory_available(), host_sharers=env.local_world_size)
     else:
         where = dict(sharers=env.local_world_size, memory="host memory", available=host_memory_available())
-    plan = MemoryPlan(run.distributed_method, estimate, run.batch_size, **where)
+    plan = MemoryPlan(placement.method, estimate, batch_size, **where)
     if plan.fits:
         return plan
     fits = fits_in(plan.available, plan.sharers, plan.host_available, plan.host_sharers)
-    advice = suggest(config, run.batch_size, run.activation_checkpointing, placement, fits)
+    advice = suggest(config, batch_size, checkpointing, placement, fits)
     return replace(plan, advice=advice)
 
 

@@ -4,7 +4,9 @@ Anything else that goes wrong is a bug and keeps its traceback. Every command th
 (training, generate, prepare_data, ...) runs inside the one shell below, `command`.
 """
 import argparse
+import atexit
 import functools
+import gc
 import sys
 from typing import Callable, TypeVar
 
@@ -90,6 +92,7 @@ def command(body: Callable[..., Result]) -> Callable[..., Result]:
     1; anything else keeps its traceback. Called in a test, a command returns what body returns."""
     @functools.wraps(body)
     def run(*args, **kwargs) -> Result:
+        freeze_objects_at_exit()
         try:
             return body(*args, **kwargs)
         except MinGPTError as error:
@@ -97,3 +100,13 @@ def command(body: Callable[..., Result]) -> Callable[..., Result]:
                 say_error(error, error.origin)
             sys.exit(1)
     return run
+
+
+@functools.cache
+def freeze_objects_at_exit() -> None:
+    """At exit, Python's finalisation collects garbage over every object the process still holds:
+    with torch imported, about 0.7 s of every process's end (every rank, every restart, every
+    command). Frozen first, those objects are not scanned; the system takes the memory back with
+    the process. Registered once, when a command starts, not when the package is imported (a
+    program that merely imports it keeps its own exit)."""
+    atexit.register(gc.freeze)

@@ -17,7 +17,7 @@ from typing import IO, Callable, Iterator, Optional
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from mingpt.reporting.errors import MinGPTError, short_reason
+from mingpt.common.errors import MinGPTError, short_reason
 
 CACHE_DIR_ENV = "MINGPT_CACHE_DIR"
 """Overrides the cache folder: token files of remote or read-only sources, the CPU's measured peak."""

@@ -31,7 +31,7 @@ AdamW's step in host memory.
 """
 from dataclasses import dataclass, replace
 
-from mingpt.distributed.memory import FP32, ModelSizes
+from mingpt.planning.memory import FP32, ModelSizes
 
 DDP_BUCKET_BYTES = 25 * 2**20
 """DistributedDataParallel's default bucket_cap_mb."""

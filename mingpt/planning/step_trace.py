@@ -30,8 +30,8 @@ import sys
 import weakref
 from contextlib import ExitStack, contextmanager
 from dataclasses import astuple, dataclass, replace
-from pathlib import Path
 from functools import lru_cache
+from pathlib import Path
 from typing import Iterator, Optional
 
 import torch
@@ -42,11 +42,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import mingpt.model as model_module
+from mingpt.common import files
+from mingpt.common.errors import MinGPTError
 from mingpt.distributed import activation_checkpointing
 from mingpt.distributed.activation_checkpointing import checkpoint_blocks
 from mingpt.model import GPT, GPTConfig
-from mingpt.reporting.errors import MinGPTError
-from mingpt.storage import files
 
 TRACED_LAYERS = 2
 """Blocks traced: the first block's pattern differs (its input is the embedding's), the second's repeats."""

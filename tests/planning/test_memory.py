@@ -6,8 +6,10 @@ import pytest
 import torch
 from helpers import one_error_line, run_main_in_process, tiny_overrides
 
-from mingpt.distributed import memory
-from mingpt.distributed.memory import (
+from mingpt.common.errors import ConfigError
+from mingpt.model import GPTConfig
+from mingpt.planning import memory
+from mingpt.planning.memory import (
     FP32,
     MemoryPlan,
     Placement,
@@ -17,9 +19,7 @@ from mingpt.distributed.memory import (
     largest_batch,
     model_sizes,
 )
-from mingpt.distributed.step_trace import TraceKey, _trace_once, trace_step
-from mingpt.model import GPTConfig
-from mingpt.reporting.errors import ConfigError
+from mingpt.planning.step_trace import TraceKey, _trace_once, trace_step
 
 SMALL = GPTConfig(n_layer=4, n_head=2, n_embd=32, vocab_size=30, block_size=16)
 MACHINE = 24 * 2**30
@@ -173,7 +173,7 @@ def test_settings_that_differ_only_in_what_memory_ignores_share_one_trace():
     named: one trace (a machine traces each canonical key once); dropout off is another trace."""
     from dataclasses import replace
 
-    from mingpt.distributed.step_trace import canonical
+    from mingpt.planning.step_trace import canonical
 
     base = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=11, block_size=8)
     alike = [replace(base, n_layer=6), replace(base, attn_pdrop=0.3, embd_pdrop=0.05), replace(base, init_from="x")]
