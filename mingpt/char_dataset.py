@@ -96,7 +96,7 @@ class CharDataset(Dataset):
         (of characters; a BPE's vocabulary is its tokenizer's, whatever share is kept)."""
         dataset = cls.__new__(cls)
         length = int(tokens.n_tokens * truncate)
-        vocabulary = Vocabulary.from_json(tokens.tokenizer) if tokens.tokenizer else Vocabulary(tokens.vocab)
+        vocabulary = Vocabulary.kept(tokens.vocab, tokens.tokenizer)
         dataset._setup(tokens.ids[:length], vocabulary.tokens, block_size,
                        whole_text=length == tokens.n_tokens or not vocabulary.is_char, vocabulary=vocabulary)
         dataset.text_length = tokens.n_tokens
@@ -121,7 +121,6 @@ class CharDataset(Dataset):
                 vocab = [vocab[i] for i in present]
                 self.vocabulary = Vocabulary(vocab)
         self.vocab: list[str] = vocab
-        self.stoi = {ch: i for i, ch in enumerate(vocab)}
 
     @property
     def vocab_size(self) -> int:
@@ -165,9 +164,7 @@ class CharDataset(Dataset):
         return "characters" if self.vocabulary.is_char else "tokens"
 
     def encode(self, text: str) -> torch.Tensor:
-        if not self.vocabulary.is_char:
-            return torch.tensor(self.vocabulary.encode(text), dtype=torch.long)
-        return torch.tensor([self.stoi[ch] for ch in text], dtype=torch.long)
+        return torch.tensor(self.vocabulary.encode(text), dtype=torch.long)
 
     def decode(self, ids: torch.Tensor) -> str:
         return self.vocabulary.decode(ids.tolist())

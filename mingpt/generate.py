@@ -28,7 +28,7 @@ import torch.nn as nn
 from mingpt.common.errors import MinGPTError, OneLineArgumentParser, SnapshotError, command, short_reason
 from mingpt.model import GPT, GPTConfig
 from mingpt.storage.snapshot import Snapshot, snapshot_at
-from mingpt.tokens.tokenizer import Vocabulary
+from mingpt.tokens.tokenizer import UnknownCharacters, Vocabulary
 
 SNAPSHOT_OPTION = "--snapshot"
 # The longest vocabulary an error message lists in full; larger ones are only counted.
@@ -175,41 +175,29 @@ def describe_vocab(vocab: list[str]) -> str:
     return repr("".join(vocab))  # repr keeps the message on one line (newline shows as \n)
 
 
-def encode(prompt: str, vocab: list[str], tokenizer: str = "") -> list[int]:
-    """Token ids of prompt (of a BPE model's tokenizer, if it has one); MinGPTError naming any
-    character a character model never saw."""
-    if tokenizer:
-        ids = Vocabulary.from_json(tokenizer).encode(prompt)
-        if not ids:
-            raise MinGPTError("--prompt: empty; give at least one character to continue from")
-        return ids
-    stoi = {ch: i for i, ch in enumerate(vocab)}
-    unknown = list(dict.fromkeys(ch for ch in prompt if ch not in stoi))  # unique, in prompt order
-    if unknown:
-        raise MinGPTError(
-            f"--prompt: {', '.join(map(repr, unknown))} not in the snapshot's vocabulary; use only "
-            f"characters of the text it was trained on: {describe_vocab(vocab)}")
+def encode(prompt: str, vocabulary: Vocabulary) -> list[int]:
+    """Token ids of prompt; MinGPTError when it is empty, or naming any character a character
+    model never saw."""
     if not prompt:
         raise MinGPTError("--prompt: empty; give at least one character to continue from")
-    return [stoi[ch] for ch in prompt]
-
-
-def decode(ids: list[int], vocab: list[str]) -> str:
-    return "".join(vocab[i] for i in ids)
+    try:
+        return vocabulary.encode(prompt)
+    except UnknownCharacters as unknown:
+        raise MinGPTError(f"--prompt: {unknown} not in the snapshot's vocabulary; use only characters of "
+                          f"the text it was trained on: {describe_vocab(vocabulary.tokens)}") from None
 
 
 def generate(args: argparse.Namespace) -> str:
     """The prompt followed by args.length generated characters."""
     snapshot, path = find_snapshot(args.snapshot)
     device = torch.device(args.device)
-    prompt_ids = encode(args.prompt, snapshot.vocab, snapshot.tokenizer)
+    vocabulary = Vocabulary.kept(snapshot.vocab, snapshot.tokenizer)
+    prompt_ids = encode(args.prompt, vocabulary)
     model = build_model(snapshot, path, device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # (1, T)
     out = sample(model, idx, args.length, args.temperature, args.top_k, generator)
-    if snapshot.tokenizer:  # a byte-level BPE decodes whole: a character may span tokens
-        return Vocabulary.from_json(snapshot.tokenizer).decode(out[0].tolist())
-    return args.prompt + decode(out[0, len(prompt_ids):].tolist(), snapshot.vocab)
+    return vocabulary.decode(out[0].tolist())  # whole: a BPE's character may span tokens
 
 
 @command

@@ -19,7 +19,6 @@ REPO = Path(__file__).resolve().parent.parent
 MINGPT = REPO / "mingpt"
 MAIN = MINGPT / "main.py"
 WORKER_SCRIPTS = REPO / "tests" / "workers"  # torchrun entry points that look inside a rank
-SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]  # the `torchrun` console script's module
 
 LOSS_LINE = re.compile(r"\[GPU(\d+)\] Epoch (\d+) \| Iter (\d+) \| (Train|Eval) Loss ([\d.]+)")

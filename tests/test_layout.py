@@ -1,5 +1,7 @@
-"""The layout's promises (docs/ARCHITECTURE.md): the project imports as a package, one module talks to
-fsspec, the snapshot format needs no FSDP, and the commands run as scripts without shadowing anything."""
+"""The layout's promises (docs/ARCHITECTURE.md): the packages stack in layers, the project imports as a
+package, one module talks to fsspec, the snapshot format needs no FSDP, and the commands run as scripts
+without shadowing anything."""
+import ast
 import importlib.metadata
 import re
 import subprocess
@@ -50,3 +52,36 @@ def test_no_name_at_the_top_of_mingpt_shadows_a_module_others_import():
                                                            if (path / "__init__.py").exists()}
     installed = set(importlib.metadata.packages_distributions())
     assert names & (set(sys.stdlib_module_names) | installed) == set()
+
+
+LAYERS = ("common", "model", "distributed", "tokens", "storage", "reporting", "planning")
+"""mingpt's packages (and model.py) from the ground up, as docs/ARCHITECTURE.md draws them. The
+original's files and the commands at the top of mingpt/ stand on all of them."""
+
+
+def layer_of(module: str) -> int:
+    """A module's layer: its package's (or model.py's) place in LAYERS; the top for the rest."""
+    parts = module.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else len(LAYERS)
+
+
+def project_imports(path) -> set[str]:
+    """The mingpt modules a file imports (`from mingpt.storage import files` counts as
+    mingpt.storage.files), read from its code."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("mingpt.")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mingpt"):
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def test_each_package_imports_only_the_layers_below_it():
+    upward = []
+    for path in python_files("mingpt"):
+        module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+        for imported in project_imports(path):
+            if layer_of(imported) > layer_of(module):
+                upward.append(f"{module} -> {imported}")
+    assert upward == [], "imports that run up the layers of docs/ARCHITECTURE.md"

@@ -19,7 +19,7 @@ MLflow writes a local store there unless given a tracking URI, TensorBoard its e
 Trackers never hold training up or stop it. Their calls after opening run in one background thread,
 and a tracker that fails (an unreachable server, a full disk) is said in one warning line and dropped;
 the metrics file goes on. A new tracker is a class with `name`, `run_id`, `log` and `finish`, opened in
-`_OPENERS`.
+`TRACKERS`.
 """
 import logging
 import os
@@ -34,7 +34,6 @@ from mingpt.common import files
 from mingpt.common.errors import check, check_choice, short_reason
 from mingpt.common.logger import log
 
-TRACKERS = ("tensorboard", "wandb", "mlflow")
 WANDB_MODES = ("offline", "online")
 TRACKED_VALUES = ("loss", "lr", "tokens_per_s", "mfu", "grad_norm")
 """The fields of a metrics line a tracker gets, as `<kind>/<field>` (train/loss, eval/loss, ...)."""
@@ -215,7 +214,7 @@ class MlflowTracker:
         self.client.set_terminated(self.run_id, status=self._STATUS[outcome])
 
 
-_OPENERS: dict[str, Callable[[TrackedRun], Tracker]] = {
+TRACKERS: dict[str, Callable[[TrackedRun], Tracker]] = {
     "tensorboard": TensorBoardTracker, "wandb": WandbTracker, "mlflow": MlflowTracker}
 
 
@@ -225,7 +224,7 @@ class Trackers:
     def __init__(self, run: TrackedRun):
         self._trackers: list[Tracker] = []
         for name in run.config.trackers:
-            self._guarded(name, lambda: self._trackers.append(_OPENERS[name](run)))
+            self._guarded(name, lambda: self._trackers.append(TRACKERS[name](run)))
         self.run_ids = {**run.run_ids, **{t.name: t.run_id for t in self._trackers if t.run_id}}
         """Every tracked run of this training run, for the snapshots (Progress.tracked_runs)."""
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trackers")

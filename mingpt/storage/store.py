@@ -40,7 +40,7 @@ class SnapshotStore(Protocol):
 
 
 class FullStateStore:
-    """The single-file snapshots of one run (`snapshot_format=single_file`): one file, or a folder
+    """The single-file snapshots of one run (`snapshot_format=single`): one file, or a folder
     keeping the newest few. Each holds the full state, gathered to global rank 0, which writes it."""
 
     def __init__(self, path: str, keep_last: int = 1):

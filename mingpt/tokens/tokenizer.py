@@ -92,6 +92,14 @@ class TokenizerFile:
     sha256: str
 
 
+class UnknownCharacters(ValueError):
+    """Characters a character vocabulary lacks (its model never saw them)."""
+
+    def __init__(self, characters: list[str]):
+        super().__init__(", ".join(map(repr, characters)))
+        self.characters = characters
+
+
 @dataclass(frozen=True)
 class Vocabulary(Sequence):
     """The tokens a model knows, in id order (a sequence of them), and how text becomes them:
@@ -111,6 +119,11 @@ class Vocabulary(Sequence):
         bpe = Tokenizer.from_str(tokenizer_json)
         return cls(token_list(bpe), tokenizer_json, bpe)
 
+    @classmethod
+    def kept(cls, tokens: list[str], tokenizer: str) -> "Vocabulary":
+        """The Vocabulary of what a snapshot keeps: its tokens and a BPE's tokenizer.json ("": none)."""
+        return cls.from_json(tokenizer) if tokenizer else cls(list(tokens))
+
     @property
     def is_char(self) -> bool:
         return not self.tokenizer
@@ -122,8 +135,17 @@ class Vocabulary(Sequence):
         return self.tokens[i]
 
     def encode(self, text: str) -> list[int]:
-        """BPE only: the ids of text (characters: see generate.encode, which names unknown ones)."""
-        return self._bpe().encode(text, add_special_tokens=False).ids
+        """The ids of text; UnknownCharacters naming, in order, those a character vocabulary lacks."""
+        if not self.is_char:
+            return self._bpe().encode(text, add_special_tokens=False).ids
+        unknown = list(dict.fromkeys(ch for ch in text if ch not in self._ids))
+        if unknown:
+            raise UnknownCharacters(unknown)
+        return [self._ids[ch] for ch in text]
+
+    @cached_property
+    def _ids(self) -> dict[str, int]:
+        return {token: i for i, token in enumerate(self.tokens)}
 
     def decode(self, ids: list[int]) -> str:
         if self.is_char:

@@ -43,8 +43,7 @@ class Recording:
 
 @pytest.fixture
 def recording(monkeypatch):
-    monkeypatch.setitem(trackers._OPENERS, "recording", Recording)
-    monkeypatch.setattr(trackers, "TRACKERS", (*trackers.TRACKERS, "recording"))
+    monkeypatch.setitem(trackers.TRACKERS, "recording", Recording)
     monkeypatch.setattr(Recording, "fail_on", None)
     return Recording
 
