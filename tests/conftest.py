@@ -1,7 +1,9 @@
 """Fixtures shared by the tests (helpers.py holds the plain functions)."""
 import json
+import os
 import shutil
 import signal
+import tempfile
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,6 +25,22 @@ from helpers import (
     tiny_overrides,
 )
 from s3_server import S3Server, start_s3_server
+
+from mingpt.common.files import CACHE_DIR_ENV
+
+
+def pytest_configure(config):
+    """The suite's own cache folder (token files, step traces, the CPU's peaks), fresh for each run
+    and shared by its workers and every process they start: never the user's ~/.cache, nor one a
+    user set. The workers (pytest-xdist) inherit it from the run that starts them."""
+    if not hasattr(config, "workerinput"):
+        config.suite_cache = tempfile.mkdtemp(prefix="mingpt-suite-cache-")
+        os.environ[CACHE_DIR_ENV] = config.suite_cache
+
+
+def pytest_unconfigure(config):
+    if hasattr(config, "suite_cache"):
+        shutil.rmtree(config.suite_cache, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
