@@ -177,7 +177,7 @@ def machine() -> dict:
 
 def save_json(path: Path, payload: dict) -> None:
     """The figures, with the machine they were measured on (bench/results/ is committed: the
-    README's tables cite these files)."""
+    docs/performance.md's tables cite these files)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"machine": machine(), **payload}, indent=2, default=str))
     print(f"wrote {path}")

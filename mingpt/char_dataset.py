@@ -43,8 +43,9 @@ class DataConfig:
     train_split: float = 0.9
     """Share of the samples (random) or of the text (contiguous) used for training."""
     truncate: float = 1.0
-    """Keep only this leading share of the text. The whole text for code that builds a DataConfig;
-    gpt2_train_cfg.yaml sets the original's 0.05, so `python main.py` trains on 5% as it did."""
+    """Keep only this leading share of the text. gpt2_train_cfg.yaml sets the original's 0.05, made
+    for tiny-shakespeare (`python main.py` trains on 5% of it, as the original did); a run on
+    another text says how much of it the share keeps. 1.0: the whole text (a DataConfig's default)."""
     cache_dir: Optional[str] = None
     """Where token files are kept for texts behind fsspec URLs (s3://...) or in read-only folders
     (a local text's own folder otherwise); default $MINGPT_CACHE_DIR or ~/.cache/mingpt-ddp."""

@@ -8,15 +8,18 @@ wrong type is refused before anything runs; the result is turned into dataclasse
 their checks reject out-of-range values with one line naming the key.
 """
 import dataclasses
+import inspect
 import os
 import sys
+import textwrap
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional, Sequence
 
 import hydra
 import torch
 import torch.distributed as dist
+from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
@@ -30,6 +33,7 @@ from mingpt.char_dataset import (
     split_dataset,
 )
 from mingpt.common.errors import MinGPTError, check, command, short_reason
+from mingpt.common.field_docs import field_docs
 from mingpt.common.logger import configure_logging, log, warn_once
 from mingpt.distributed.control import INTERRUPT_EXIT_STATUS, RunStopped, record_clean_stop
 from mingpt.distributed.process_group import DistEnv, barrier, distributed_session, said_by_local_rank_zero
@@ -56,6 +60,8 @@ class TrainConfig:
                   f"comes from {source}; do not set it")
 
 
+CONFIG_DIR = Path(__file__).resolve().parent
+"""gpt2_train_cfg.yaml's folder: Hydra's config path, and the one of laptop.yaml and yours."""
 ConfigStore.instance().store(name="train_config_schema", node=TrainConfig)
 OmegaConf.register_new_resolver("repo_path", lambda relative: str(REPO_ROOT / relative), replace=True)
 
@@ -195,5 +201,77 @@ def lost_a_peer(error: Exception) -> bool:
     return isinstance(error, dist.DistError) or any(sign in str(error) for sign in signs)
 
 
+HELP_HEAD = """Train a GPT with DDP, FSDP or HSDP. Every key below is a Hydra override, key=value.
+
+  python main.py [key=value ...]                                 one process (a CPU, or one GPU)
+  torchrun --standalone --nproc_per_node=4 main.py [key=value]   one process per GPU (or CPU rank)
+  python launch.py [--nproc N] [key=value ...]                   one per GPU here; N CPU processes
+  sbatch slurm/sbatch_run.sh [key=value ...]                     a Slurm job over several nodes
+  python main.py --config-name laptop [key=value ...]            keys kept in a YAML beside this one
+  python main.py --cfg job                                       print the composed config
+
+Other commands, each with --help: generate.py, plan.py, model_size.py, plot_metrics.py,
+prepare_data.py, convert_snapshot.py, export_hf.py. Hydra's own help: --hydra-help.
+"""
+MARKDOWN_HEAD = """# Configuration
+
+Every key of a training run (`python mingpt/main.py`, torchrun, `launch.py`, `sbatch`), with its default
+in `mingpt/gpt2_train_cfg.yaml` and what it does. Override any on the command line (`key=value`), or keep
+them in a YAML beside the default one (`mingpt/laptop.yaml` is an example: `--config-name laptop`).
+Generated from the config dataclasses' docstrings by `python mingpt/main.py --help=md >
+docs/configuration.md`; a test fails when this page and the code differ.
+"""
+
+
+def compose_config(overrides: Sequence[str] = (), config_name: str = "gpt2_train_cfg") -> DictConfig:
+    """The config Hydra composes for main.py from its YAML and overrides (for the commands that read
+    the run's config without running it: plan.py, --help)."""
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose(config_name, overrides=list(overrides))
+
+
+def config_reference(markdown: bool = False) -> str:
+    """Every key with its default and its docstring: `main.py --help`, or docs/configuration.md."""
+    defaults = compose_config()
+    parts = [MARKDOWN_HEAD if markdown else HELP_HEAD]
+    for group in dataclasses.fields(TrainConfig):
+        docs = field_docs(group.type)
+        values = OmegaConf.to_container(defaults[group.name], resolve=False)
+        source = Path(inspect.getsourcefile(group.type)).relative_to(REPO_ROOT)
+        if markdown:
+            parts += [f"## {group.name}", "", f"`{group.type.__name__}`, in `{source}`.", "",
+                      "| key | default | what it does |", "|---|---|---|"]
+            parts += [f"| `{group.name}.{key}` | `{shown(value)}` | {docs[key].replace('|', '&#124;')} |"
+                      for key, value in values.items()]
+            parts.append("")
+        else:
+            parts.append(f"{group.name} ({group.type.__name__}, {source})")
+            for key, value in values.items():
+                parts.append(f"  {group.name}.{key}={shown(value)}")
+                parts += textwrap.wrap(docs[key], width=100, initial_indent=" " * 6,
+                                       subsequent_indent=" " * 6)
+            parts.append("")
+    return "\n".join(parts)
+
+
+def shown(value: Any) -> str:
+    """A default as a user writes it on the command line."""
+    if isinstance(value, str) and value.startswith("${repo_path:"):
+        return value[len("${repo_path:"):-1] + " (in the repository)"
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "[" + ",".join(map(str, value)) + "]"
+    return str(value)
+
+
+HELP_FLAGS = {"--help": False, "-h": False, "--help=md": True}
+"""Our help instead of Hydra's generic page (--hydra-help keeps Hydra's): True for markdown."""
+
+
 if __name__ == "__main__":
-    main()
+    asked = [HELP_FLAGS[arg] for arg in sys.argv[1:] if arg in HELP_FLAGS]
+    if asked:
+        print(config_reference(markdown=asked[0]))
+    else:
+        main()

@@ -41,15 +41,21 @@ class GPTConfig:
     model_type: Optional[str] = None
     """A named preset (see PRESETS); give it alone, with the three sizes set to null."""
     n_layer: Optional[int] = DEFAULT_SIZES["n_layer"]
+    """Transformer blocks."""
     n_head: Optional[int] = DEFAULT_SIZES["n_head"]
+    """Attention heads per block; n_embd must be a multiple of it."""
     n_embd: Optional[int] = DEFAULT_SIZES["n_embd"]
+    """Width of the embeddings and of every block."""
     vocab_size: Optional[int] = None
     """Set from the data, not by the user."""
     block_size: Optional[int] = None
     """Set from data_config.block_size, not by the user."""
     embd_pdrop: float = 0.1
+    """Dropout on the token + position embeddings."""
     resid_pdrop: float = 0.1
+    """Dropout on each block's attention and MLP outputs."""
     attn_pdrop: float = 0.1
+    """Dropout on the attention weights."""
     activation: str = "gelu"
     """The MLP's GELU: gelu, the exact one (the original's), or gelu_tanh, the tanh approximation
     GPT-2 was trained with (Hugging Face's gelu_new); init_from takes the folder's."""
@@ -99,11 +105,13 @@ class OptimizerConfig:
     weight_decay: float = 0.1
     """AdamW decoupled weight decay, applied to Linear weights only."""
     learning_rate: float = 3e-4
+    """The peak learning rate (after warmup)."""
     lr_schedule: str = "constant"
     """constant (the original's) or cosine: decay to min_lr_ratio x learning_rate by the last step."""
     warmup_steps: int = 0
     """Optimizer steps of linear warmup from 0 (either schedule)."""
     min_lr_ratio: float = 0.1
+    """Where the cosine schedule ends, as a share of learning_rate."""
 
     def __post_init__(self) -> None:
         check_positive(self, "optimizer_config", "learning_rate")

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
@@ -106,13 +105,12 @@ def cluster_options(args: argparse.Namespace) -> ClusterOptions:
 
 def load_run_config(overrides: list[str]):
     """The typed config main.py would train with, from the same YAML and overrides."""
-    from mingpt.main import load_config  # registers the config schema and the repo_path resolver
+    from mingpt.main import compose_config, load_config  # the schema and the repo_path resolver, too
 
     bad = [item for item in overrides if "=" not in item]
     check(not bad, bad[0] if bad else "", "is neither an option of plan.py nor a key=value override")
     try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-            return load_config(compose("gpt2_train_cfg", overrides=overrides))
+        return load_config(compose_config(overrides))
     except (HydraException, OmegaConfBaseException) as error:
         raise MinGPTError(str(error).splitlines()[0]) from None
 

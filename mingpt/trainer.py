@@ -38,6 +38,7 @@ MAX_RANKS = 100_000  # spaces per-epoch seeds apart, so no two (epoch, rank) pai
 @dataclass
 class TrainerConfig:
     max_epochs: int = 10
+    """Epochs to train, counting those a resumed snapshot has finished already."""
     max_steps: int = 0
     """Stop after this many optimizer steps, across epochs, instead of after max_epochs (0: off).
     The learning-rate schedule's horizon follows it."""
@@ -51,6 +52,7 @@ class TrainerConfig:
     """DataLoader worker processes per rank (0: load in the training process). Unset: the original's
     4, capped at the CPU cores each rank can spare (data_loader.usable_workers)."""
     grad_norm_clip: float = 1.0
+    """Clip the gradients' global norm to this (the true gradients: fp16's are unscaled first)."""
     snapshot_path: str = "gpt_snapshot.pt"
     """Local path or fsspec URL (s3://...). Ending in .pt: one file; otherwise a folder of them."""
     save_every: int = 3

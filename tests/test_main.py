@@ -284,7 +284,8 @@ def test_the_quick_start_works_in_order_in_a_fresh_clone_with_no_network(tmp_pat
     short = ["trainer_config.max_steps=20", "trainer_config.eval_every_steps=10"]
     trained = run([*python, *laptop[1:], *short], cwd=root, env=env)
     assert_ok(trained)
-    assert "Sample from its snapshot: python mingpt/generate.py --snapshot laptop_snapshot.pt" in trained.stdout
+    sample_line = "Sample from its snapshot: python mingpt/generate.py --snapshot laptop_snapshot.pt"
+    assert sample_line in trained.stdout
     sampled = run([*python, *generate[1:], "--length", "50"], cwd=root, env=env)
     assert_ok(sampled)
     assert sampled.stdout.startswith("ROMEO:") and len(sampled.stdout.rstrip("\n")) >= 50
@@ -413,3 +414,24 @@ def test_no_snapshot_is_written_with_non_finite_weights_whoever_asks(text_file, 
     moments = state["optimizer_state"]["state"].values()
     tensors = [*state["model_state"].values(), *(value for moment in moments for value in moment.values())]
     assert all(torch.isfinite(tensor).all() for tensor in tensors)
+
+
+def test_help_lists_every_key_with_its_default_and_what_it_does():
+    """`main.py --help` (from inside mingpt/) and docs/configuration.md say the same, from one source:
+    the config dataclasses' docstrings; every key has one."""
+    import dataclasses
+
+    from mingpt.common.field_docs import field_docs
+    from mingpt.main import TrainConfig, config_reference
+
+    for group in dataclasses.fields(TrainConfig):
+        undocumented = set(f.name for f in dataclasses.fields(group.type)) - set(field_docs(group.type))
+        assert not undocumented, f"{group.name}: no docstring for {sorted(undocumented)}"
+    page = (REPO / "docs" / "configuration.md").read_text()
+    assert page == config_reference(markdown=True) + "\n", \
+        "docs/configuration.md is out of date: python mingpt/main.py --help=md > docs/configuration.md"
+    result = run_main(["--help"], cwd=REPO / "mingpt", script="main.py")
+    assert_ok(result)
+    for line in ("torchrun --standalone --nproc_per_node=4 main.py", "trainer_config.batch_size=216",
+                 "data_config.truncate=0.05", "trainer_config.stop_signals=[SIGTERM,SIGUSR1]"):
+        assert line in result.stdout

@@ -49,7 +49,7 @@ UNSUPPORTED = {  # config.json options the project's model does not have, with t
 }
 WEIGHTS, INDEX, TOKENIZER = "model.safetensors", "model.safetensors.index.json", "tokenizer.json"
 ADVICE = ("give a Hugging Face GPT-2 model folder (config.json, model.safetensors, tokenizer.json, "
-          "as save_pretrained writes them; the README says how to fetch GPT-2's)")
+          "as save_pretrained writes them; docs/data.md says how to fetch GPT-2's)")
 
 
 def gpt2_entry(name: str) -> tuple[str, bool]:

@@ -295,7 +295,7 @@ def test_a_diverging_fsdp_run_on_two_ranks_stops_together_and_keeps_its_snapshot
     result = run([*TORCHRUN, "--standalone", "--nproc_per_node=2", MAIN, *overrides])
     assert result.returncode == 1, result.stderr
     said = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(said) == 1, result.stderr
-    assert said[0].startswith("error: training diverged: the loss is not finite from step")
+    assert len(said) == 1, result.stderr  # by whichever rank reached the store first
+    assert re.match(r"error: (\[rank 1\] )?training diverged: the loss is not finite from step", said[0])
     assert "the last snapshot (step 85) is kept as it was" in said[0]
     assert "Snapshot saved" not in result.stdout and sha256(snapshot) == before
