@@ -1,10 +1,11 @@
 """FSDP2 on CPU ranks (gloo), close to DDP's speed: switched on by Parallelism.cpu_collectives.
 
 On a GPU, FSDP2 overlaps its collectives with computation through CUDA streams, and NCCL's
-collectives are fast. On the CPU neither holds. Three changes, measured in docs/performance.md ("FSDP
-and DDP on CPU ranks") and bench/results/fsdp_*.json: each block's all-gather issued one block ahead, so gloo's
-threads fetch it while the training thread computes; all-gathers and reduce-scatters made of gloo's
-faster all_to_all; and the block-sized buffers these need kept and handed out again.
+collectives are fast. On the CPU neither holds. Three changes, measured in docs/performance.md
+("FSDP and DDP on CPU ranks") and bench/results/fsdp_*.json: each block's all-gather issued one
+block ahead, so gloo's threads fetch it while the training thread computes; all-gathers and
+reduce-scatters made of gloo's faster all_to_all; and the block-sized buffers these need kept and
+handed out again.
 """
 import math
 from typing import Optional
@@ -46,8 +47,7 @@ def collectives_through_all_to_all(model: nn.Module) -> None:
     """Gather parameters and reduce gradients with gloo's all_to_all, in reused buffers.
 
     gloo's all_to_all moves the bytes of an all-gather or a reduce-scatter in half the time of its
-    own all_gather and reduce_scatter (docs/distributed.md, "FSDP on CPU ranks"): an all-gather is an all_to_all
-    of N copies of this rank's shard, a reduce-scatter an all_to_all of the N parts followed by a local
+    own all_gather and reduce_scatter (docs/performance.md): an all-gather is an all_to_all of N copies of this rank's shard, a reduce-scatter an all_to_all of the N parts followed by a local
     sum (or mean) of the N parts received, the same numbers gloo adds. The buffers these need are
     as large as a block and are needed again by every block of every step: fresh ones would come
     from new pages of the system, which the kernel faults in and zeroes on first touch, so they are
