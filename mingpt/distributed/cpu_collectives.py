@@ -47,7 +47,8 @@ def collectives_through_all_to_all(model: nn.Module) -> None:
     """Gather parameters and reduce gradients with gloo's all_to_all, in reused buffers.
 
     gloo's all_to_all moves the bytes of an all-gather or a reduce-scatter in half the time of its
-    own all_gather and reduce_scatter (docs/performance.md): an all-gather is an all_to_all of N copies of this rank's shard, a reduce-scatter an all_to_all of the N parts followed by a local
+    own all_gather and reduce_scatter (docs/performance.md): an all-gather is an all_to_all of N
+    copies of this rank's shard, a reduce-scatter an all_to_all of the N parts followed by a local
     sum (or mean) of the N parts received, the same numbers gloo adds. The buffers these need are
     as large as a block and are needed again by every block of every step: fresh ones would come
     from new pages of the system, which the kernel faults in and zeroes on first touch, so they are
