@@ -17,6 +17,7 @@ the MLP's GELU is the model's: the exact one ("gelu", the default) or the tanh a
 also a folder gpt_config.init_from starts from.
 """
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Optional
@@ -90,8 +91,9 @@ def export(snapshot: Snapshot, out: Path) -> None:
 
 
 def _write_folder(snapshot: Snapshot, partial: Path) -> None:
-    save_file(gpt2_weights(snapshot.model_state), str(partial / "model.safetensors"),
-              metadata={"format": "pt"})
+    weights = partial / "model.safetensors"
+    save_file(gpt2_weights(snapshot.model_state), str(weights), metadata={"format": "pt"})
+    weights.chmod(0o666 & ~current_umask())  # save_file makes it 0600; its siblings get the usual mode
     (partial / "config.json").write_text(json.dumps(gpt2_config(snapshot.model_config), indent=2) + "\n")
     if snapshot.tokenizer:  # a BPE model's own tokenizer.json
         (partial / "tokenizer.json").write_text(snapshot.tokenizer)
@@ -100,6 +102,12 @@ def _write_folder(snapshot: Snapshot, partial: Path) -> None:
     (partial / "tokenizer_config.json").write_text(
         json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length":
                     snapshot.model_config["block_size"]}, indent=2) + "\n")
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 @command

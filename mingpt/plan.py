@@ -76,29 +76,36 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace, li
     parser = OneLineArgumentParser(description=__doc__.splitlines()[0],
                                    epilog="Anything else is a Hydra override, as for main.py.")
     defaults = ClusterOptions()
-    parser.add_argument("--nodes", type=int, default=defaults.nodes)
+    parser.add_argument("--nodes", type=int, default=defaults.nodes, help="nodes (default: %(default)s)")
     parser.add_argument("--gpus-per-node", type=int, default=defaults.gpus_per_node,
-                        help="GPUs per node (with --device cpu: CPU ranks per node)")
-    parser.add_argument("--device", default=defaults.device,
-                        help=f"one of {', '.join(DEVICES)}, or cpu (ranks of this machine's CPU)")
+                        help="GPUs per node; with --device cpu, CPU ranks per node (default: %(default)s)")
+    parser.add_argument("--device", help=f"one of {', '.join(DEVICES)}, or cpu (ranks of this machine's "
+                        f"CPU) (default: {defaults.device}, and the plan says it assumed it)")
     parser.add_argument("--memory-gb", type=float, help="memory per device in GB (default: the device's)")
-    parser.add_argument("--peak-tflops", type=float, help="peak TFLOP/s per device in the run's precision")
+    parser.add_argument("--peak-tflops", type=float,
+                        help="peak TFLOP/s per device in the run's precision (default: the device's)")
     parser.add_argument("--intra-gbps", type=float, default=defaults.intra_gbps,
-                        help="Gbit/s each device sends within its node, each way (NVLink H100: 3600)")
+                        help="Gbit/s each device sends within its node, each way (NVLink H100: 3600) "
+                        "(default: %(default)s)")
     parser.add_argument("--inter-gbps", type=float, default=defaults.inter_gbps,
-                        help="Gbit/s a node sends to other nodes, each way, all its network cards")
-    parser.add_argument("--intra-latency-us", type=float, default=defaults.intra_latency_us)
-    parser.add_argument("--inter-latency-us", type=float, default=defaults.inter_latency_us)
+                        help="Gbit/s a node sends to other nodes, each way, all its network cards "
+                        "(default: %(default)s)")
+    parser.add_argument("--intra-latency-us", type=float, default=defaults.intra_latency_us,
+                        help="latency of one message within a node (default: %(default)s)")
+    parser.add_argument("--inter-latency-us", type=float, default=defaults.inter_latency_us,
+                        help="latency of one message across nodes (default: %(default)s)")
     parser.add_argument("--mfu", type=float, default=defaults.mfu,
-                        help="share of the peak the compute reaches")
+                        help="share of the peak the compute reaches (default: %(default)s)")
     parser.add_argument("--efficiency", type=float, default=defaults.efficiency,
-                        help="scaling efficiency the recommended gradient accumulation must reach")
+                        help="scaling efficiency the recommended gradient accumulation must reach "
+                        "(default: %(default)s)")
     parser.add_argument("--vocab-size", type=int, help="the data's vocabulary size (default: read the data)")
     return parser.parse_known_args(argv)
 
 
 def cluster_options(args: argparse.Namespace) -> ClusterOptions:
-    return ClusterOptions(args.nodes, args.gpus_per_node, args.device, args.memory_gb, args.peak_tflops,
+    device = args.device or ClusterOptions.device
+    return ClusterOptions(args.nodes, args.gpus_per_node, device, args.memory_gb, args.peak_tflops,
                           args.intra_gbps, args.inter_gbps, args.intra_latency_us, args.inter_latency_us,
                           args.mfu, args.efficiency)
 
@@ -178,7 +185,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     config = load_run_config(overrides)
     setting = make_setting(config, options, vocab_size_of(config, args.vocab_size))
     rows = plan_rows(setting)
-    print("\n".join([describe(setting), "", table(rows, setting), "", *recommend(rows, setting)]))
+    assumed = [] if args.device else [f"Assumed: {options.device} (no --device given); --device, --nodes and "
+                                       "--gpus-per-node describe your cluster (plan.py --help)"]
+    print("\n".join([*assumed, describe(setting), "", table(rows, setting), "", *recommend(rows, setting)]))
 
 
 if __name__ == "__main__":

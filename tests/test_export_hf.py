@@ -40,6 +40,12 @@ def test_transformers_gives_the_projects_logits_and_tokens(tiny_epoch, exported)
     assert written.shape == (1, 11) and len(tokenizer.decode(written[0])) == 11
 
 
+def test_every_file_of_the_folder_gets_the_usual_mode(exported):
+    """model.safetensors was made 0600 by safetensors while its siblings were 0644 (the umask's)."""
+    modes = {path.name: path.stat().st_mode & 0o777 for path in exported.iterdir()}
+    assert len(set(modes.values())) == 1, modes
+
+
 def test_an_existing_folder_is_refused_in_one_line_and_left_alone(tiny_epoch, exported):
     before = sorted(p.name for p in exported.iterdir())
     result = run([sys.executable, MINGPT / "export_hf.py", tiny_epoch.snapshot, exported])

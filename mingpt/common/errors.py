@@ -7,6 +7,7 @@ import argparse
 import atexit
 import functools
 import gc
+import os
 import sys
 from typing import Callable, TypeVar
 
@@ -75,11 +76,19 @@ class OneLineArgumentParser(argparse.ArgumentParser):
         raise MinGPTError(f"{message} (see --help)")
 
 
+REASON_CHARACTERS = 160
+
+
 def short_reason(error: BaseException) -> str:
-    """`Type: first line` of an exception, for one-line messages."""
+    """`Type: first line` of an exception, for one-line messages; a long line ends at its last whole
+    sentence that fits (or word, with "..."), never in the middle of a word."""
     text = str(error).strip()
-    first_line = text.splitlines()[0] if text else ""
-    return f"{type(error).__name__}: {first_line[:160]}"
+    line = text.splitlines()[0] if text else ""
+    if len(line) > REASON_CHARACTERS:
+        cut = line[:REASON_CHARACTERS + 1]
+        sentence_end = cut.rfind(". ")
+        line = cut[:sentence_end + 1] if sentence_end > 0 else cut.rsplit(" ", 1)[0] + "..."
+    return f"{type(error).__name__}: {line}"
 
 
 def say_error(error: MinGPTError, origin: str = "") -> None:
@@ -94,10 +103,15 @@ def command(body: Callable[..., Result]) -> Callable[..., Result]:
     def run(*args, **kwargs) -> Result:
         freeze_objects_at_exit()
         try:
-            return body(*args, **kwargs)
+            result = body(*args, **kwargs)
+            sys.stdout.flush()  # here, so that a reader gone away is seen below, not at exit
+            return result
         except MinGPTError as error:
             if not error.said:
                 say_error(error, error.origin)
+            sys.exit(1)
+        except BrokenPipeError:  # the reader went away (`| head`): no traceback, nothing more to say
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what is buffered goes nowhere
             sys.exit(1)
     return run
 

@@ -175,9 +175,14 @@ def cache_folder(cache_dir: Optional[str]) -> Path:
 def locked(path: Path) -> Iterator[None]:
     """Hold an exclusive lock on `<path>.lock` (a local file): other processes of this machine that
     make path (a token file, a step trace) wait here, then find it made."""
-    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    lock = f"{path}.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
+    except Exception:  # nothing made (a refused source): nothing left beside it either
+        with contextlib.suppress(OSError):
+            os.unlink(lock)
+        raise
     finally:
         os.close(fd)  # releases the lock

@@ -39,7 +39,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from mingpt.common import files
-from mingpt.common.errors import DataError
+from mingpt.common.errors import DataError, MinGPTError, short_reason
 from mingpt.tokens.bpe_encoder import encode_pieces
 from mingpt.tokens.tokenizer import (
     CHAR,
@@ -130,6 +130,13 @@ def source_errors(source: str) -> Iterator[None]:
     except OSError as e:
         raise DataError(f"data_config.path: cannot read {source} ({e}); "
                         "check the path and its permissions") from None
+    except MinGPTError:
+        raise
+    except Exception as e:  # an object store's own: no credentials, an unreachable endpoint, ...
+        if not files.is_remote(source):
+            raise
+        raise DataError(f"data_config.path: cannot read {source} ({short_reason(e)}); check the URL and "
+                        "the credentials and endpoint for it (the AWS_* environment, for s3://)") from None
 
 
 def fingerprint(source: str) -> dict:

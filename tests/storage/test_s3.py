@@ -148,3 +148,28 @@ def test_unusable_s3_fails_before_training(text_file, s3, monkeypatch, capsys, c
     line = one_error_line(result)
     assert line.startswith("error: trainer_config.snapshot_path: cannot write to"), case
     assert "Epoch 1 |" not in result.stdout
+
+
+@pytest.mark.parametrize("case", ["no credentials", "unreachable endpoint"])
+def test_unusable_s3_data_is_one_line(text_file, s3, tmp_path, monkeypatch, capsys, case):
+    """A text on S3 that cannot be read: one line naming data_config.path (it was an 80-line
+    botocore traceback without credentials, 152 lines for an endpoint that refuses), nothing made."""
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+    if case == "no credentials":
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            monkeypatch.delenv(key)
+        for key in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
+            monkeypatch.setenv(key, str(tmp_path / "none"))
+        monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance role to ask for either
+    else:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+        monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    url = f"s3://{s3.bucket}/data/input.txt"
+    fsspec.get_filesystem_class("s3").clear_instance_cache()
+    overrides = [*tiny_overrides(text_file, tmp_path / "snap.pt"), f"data_config.path={url}"]
+    result = run_main_in_process(overrides, capsys)
+    fsspec.get_filesystem_class("s3").clear_instance_cache()  # made under this case's variables
+    line = one_error_line(result)
+    assert line.startswith(f"error: data_config.path: cannot read {url} ("), line
+    assert list(tmp_path.iterdir()) == []
