@@ -26,7 +26,6 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from mingpt.common import files
 from mingpt.common.errors import MinGPTError, OneLineArgumentParser, SnapshotError, command
 from mingpt.storage.gpt2_folder import HF_ACTIVATIONS, LAYER_NORM_EPS, gpt2_entry
 from mingpt.storage.snapshot import Snapshot, snapshot_at
@@ -64,14 +63,10 @@ def character_tokenizer(vocab: list[str]) -> Tokenizer:
 
 
 def read_any(path: str) -> Snapshot:
-    """The snapshot at path: a file, the newest of a folder of them, or a sharded_<step> folder."""
-    if files.exists(f"{path.rstrip('/')}/info.pt"):
-        from mingpt.storage.sharded_store import read_whole  # DCP, only for a sharded snapshot
-
-        return read_whole(path)
+    """The snapshot at path, whatever the run wrote (snapshot.snapshot_at)."""
     snapshot, _ = snapshot_at(path, key="SNAPSHOT")
     if snapshot is None:
-        raise SnapshotError(f"no snapshot at {path}: give a snapshot file, a folder of them or a "
+        raise SnapshotError(f"no snapshot at {path}: give a snapshot file, a run's snapshot folder or a "
                             "sharded_<step> folder")
     return snapshot
 

@@ -4,6 +4,7 @@
         --temperature 0.8 --top-k 40 --seed 1337
     python generate.py --snapshot s3://bucket/gpt_snapshot.pt     # inside mingpt/; any fsspec URL
     python generate.py --snapshot s3://bucket/run/                 # a snapshot folder: its newest
+    python generate.py --snapshot run/sharded_000000300            # a sharded snapshot (or its run folder)
 
 The snapshot alone rebuilds the model (its model_config) and decodes its output (its vocabulary, or
 a BPE model's tokenizer), so no training config or data is needed. A BPE model takes any prompt and
@@ -138,7 +139,8 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def find_snapshot(path: str) -> tuple[Snapshot, str]:
-    """The snapshot at path (a snapshot file, or the newest in a snapshot folder) and its own path."""
+    """The snapshot at path (snapshot.snapshot_at: a file, a run's folder, a sharded snapshot) and where
+    it is."""
     try:
         snapshot, found = snapshot_at(path, key=SNAPSHOT_OPTION)
     except MinGPTError:
@@ -147,8 +149,9 @@ def find_snapshot(path: str) -> tuple[Snapshot, str]:
         raise SnapshotError(f"snapshot {path} cannot be reached ({short_reason(e)}); check --snapshot "
                             "and its credentials") from None
     if snapshot is None:
-        raise SnapshotError(f"no snapshot at {path} (a snapshot file, or a folder of snapshot_<step>.pt "
-                            "files); train one first (python mingpt/main.py) or pass --snapshot PATH")
+        raise SnapshotError(f"no snapshot at {path} (a snapshot file, a run's snapshot folder, or a "
+                            "sharded_<step> folder); train one first (python mingpt/main.py) or pass "
+                            "--snapshot PATH")
     return snapshot, found
 
 

@@ -87,7 +87,7 @@ def test_no_snapshot_there_is_one_line_and_nothing_written(tmp_path, capsys, whe
         export_hf.main([str(tmp_path / where), str(tmp_path / "out")])
     assert exit_.value.code == 1
     assert capsys.readouterr().err.splitlines() == [
-        f"error: no snapshot at {tmp_path / where}: give a snapshot file, a folder of them or a "
+        f"error: no snapshot at {tmp_path / where}: give a snapshot file, a run's snapshot folder or a "
         "sharded_<step> folder"]
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
 

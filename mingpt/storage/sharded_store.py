@@ -17,7 +17,6 @@ import contextlib
 import io
 import logging
 import pickle
-import re
 from dataclasses import replace
 from typing import Any, Callable, Iterator, Optional
 
@@ -41,11 +40,16 @@ from mingpt.common import files
 from mingpt.common.errors import MinGPTError, SnapshotError, short_reason
 from mingpt.distributed.parallel import restore_optimizer_state
 from mingpt.distributed.process_group import barrier
-from mingpt.storage.snapshot import Snapshot, list_entries, read_snapshot, write_error, write_snapshot
+from mingpt.storage.snapshot import (
+    SHARDED_INFO,
+    Snapshot,
+    read_snapshot,
+    sharded_entries,
+    write_error,
+    write_snapshot,
+)
 
 DCP_ERRORS = (Exception, CheckpointException)  # DCP gathers ranks' errors into a BaseException
-_ENTRY = re.compile(r"sharded_(\d+)$")
-_INFO = "info.pt"
 _SAFE_MODULES = ("torch.distributed.checkpoint.",)
 _SAFE_NAMES = {
     ("collections", "OrderedDict"), ("torch", "Size"), ("builtins", "set"), ("builtins", "frozenset"),
@@ -211,7 +215,7 @@ class ShardedSnapshotStore:
         if not is_main:
             return
         with _write_errors_reported(target):
-            write_snapshot(info, f"{target}/{_INFO}")
+            write_snapshot(info, f"{target}/{SHARDED_INFO}")
             files.keep_newest(self._entries(), self.keep_last)
 
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, model_config: dict,
@@ -221,7 +225,7 @@ class ShardedSnapshotStore:
         if not entries:
             return None, None
         folder = entries[-1]
-        info = read_snapshot(f"{folder}/{_INFO}")
+        info = read_snapshot(f"{folder}/{SHARDED_INFO}")
         info.check_matches(model_config, vocab, folder, tokenizer)
         tensors, _ = _sharded_state(model, optimizer)
         try:
@@ -238,7 +242,7 @@ class ShardedSnapshotStore:
 
     def _entries(self) -> list[str]:
         """Complete snapshot folders (those with info.pt), oldest first."""
-        return list_entries(self.path, _ENTRY, complete=lambda url: files.exists(f"{url}/{_INFO}"))
+        return sharded_entries(self.path)
 
 
 def to_single_file(sharded_folder: str, out_path: str) -> None:
@@ -248,9 +252,9 @@ def to_single_file(sharded_folder: str, out_path: str) -> None:
 
 def read_whole(sharded_folder: str) -> Snapshot:
     """A sharded snapshot with its full state, as a single-file snapshot holds it (this process alone)."""
-    info = read_snapshot(f"{sharded_folder.rstrip('/')}/{_INFO}")
+    info = read_snapshot(f"{sharded_folder.rstrip('/')}/{SHARDED_INFO}")
     if info is None:
-        raise SnapshotError(f"{sharded_folder} is not a complete sharded snapshot (no {_INFO})")
+        raise SnapshotError(f"{sharded_folder} is not a complete sharded snapshot (no {SHARDED_INFO})")
     state: dict = {}
     try:
         # An empty state dict with this planner loads everything there is (as format_utils does).

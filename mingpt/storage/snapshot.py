@@ -32,6 +32,10 @@ from mingpt.common.errors import SnapshotError, short_reason
 TRAINING_KEY = "trainer_config.snapshot_path"
 """What the user sets to point at snapshots; error messages name it (a command may name its own)."""
 FOLDER_ENTRY = re.compile(r"snapshot_(\d+)\.pt$")
+SHARDED_ENTRY = re.compile(r"sharded_(\d+)$")
+"""A sharded snapshot's folder in a run folder (sharded_store.py writes them)."""
+SHARDED_INFO = "info.pt"
+"""Written last into a sharded snapshot's folder: there, the snapshot is complete."""
 
 
 @dataclass
@@ -190,12 +194,32 @@ def is_folder(path: str) -> bool:
 
 
 def snapshot_at(path: str, key: str) -> tuple[Optional[Snapshot], Optional[str]]:
-    """For the commands that read a snapshot a user names (key: the option naming it): any existing
-    file is read as a snapshot whatever its name; otherwise the training layout decides, a .pt path
-    or a folder of snapshot_<step>.pt files."""
+    """For the commands that read a snapshot a user names (key: the option naming it), whatever the
+    run wrote: any file, whatever its name; a sharded_<step> folder, or a run folder of those (its
+    newest complete one); a folder of snapshot_<step>.pt files (its newest). (None, None): none."""
     if files.is_file(path):
         return read_snapshot(path, key=key), path
+    sharded = sharded_snapshot_at(path, key)
+    if sharded is not None:
+        from mingpt.storage.sharded_store import read_whole  # DCP: loaded for a sharded snapshot only
+
+        return read_whole(sharded), sharded
     return newest_snapshot(path, key=key)
+
+
+def sharded_snapshot_at(path: str, key: str = TRAINING_KEY) -> Optional[str]:
+    """A complete sharded snapshot's folder: path itself, or the newest in a run folder at path."""
+    path = path.rstrip("/")
+    if files.exists(f"{path}/{SHARDED_INFO}"):
+        return path
+    entries = sharded_entries(path, key)
+    return entries[-1] if entries else None
+
+
+def sharded_entries(folder: str, key: str = TRAINING_KEY) -> list[str]:
+    """The complete sharded snapshots of a run folder (those with their info.pt), oldest first."""
+    return list_entries(folder, SHARDED_ENTRY, complete=lambda url: files.exists(f"{url}/{SHARDED_INFO}"),
+                        key=key)
 
 
 def newest_snapshot(path: str, key: str = TRAINING_KEY) -> tuple[Optional[Snapshot], Optional[str]]:

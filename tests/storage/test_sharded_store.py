@@ -104,11 +104,18 @@ def test_resumes_at_another_world_size_never_from_an_interrupted_save(sharded_ru
 
 def test_converts_to_a_single_file_of_the_saved_values_that_resumes(sharded_run, saved, text_file, tmp_path,
                                                                      capsys, one_torch_thread):
+    """Given the run's folder (its newest complete snapshot, sharded_000000085, is converted); then
+    generate.py reads the run folder itself and writes what it writes from the converted file."""
     single = tmp_path / "converted.pt"
-    newest = sharded_run / "sharded_000000085"
-    converted = subprocess.run([sys.executable, MINGPT / "convert_snapshot.py", newest, single],
+    converted = subprocess.run([sys.executable, MINGPT / "convert_snapshot.py", sharded_run, single],
                                capture_output=True, text=True)
     assert converted.returncode == 0, converted.stderr
+    assert converted.stdout == f"wrote {single} (from {sharded_run / 'sharded_000000085'})\n"
+    from mingpt import generate
+
+    written = [generate.generate(generate.parse_args(["--snapshot", str(path), "--length", "40"]))
+               for path in (sharded_run, single)]
+    assert written[0] == written[1] and len(written[0]) == 41
     snapshot = read_snapshot(str(single))
     assert snapshot.finished_epoch == 1
     assert_restored({"model": snapshot.model_state, "optimizer": snapshot.optimizer_state}, saved)
@@ -190,7 +197,7 @@ def test_a_sharded_snapshot_exports_to_a_hugging_face_folder_with_its_logits(sha
     from mingpt.generate import build_model
 
     entry = sharded_run / "sharded_000000085"
-    export_hf.main([str(entry), str(tmp_path / "hf")])
+    export_hf.main([str(sharded_run), str(tmp_path / "hf")])  # the run's folder: its newest, entry
     info = read_snapshot(str(entry / "info.pt"))
     ours = build_model(replace(info, model_state=saved["model"]), str(entry), torch.device("cpu"))
     theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
