@@ -29,6 +29,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from mingpt.common.errors import MinGPTError, OneLineArgumentParser, SnapshotError, command
 from mingpt.storage.gpt2_folder import HF_ACTIVATIONS, LAYER_NORM_EPS, gpt2_entry
 from mingpt.storage.snapshot import Snapshot, snapshot_at
+from mingpt.tokens.tokenizer import END_OF_TEXT, Vocabulary
 
 
 def gpt2_weights(model_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -40,8 +41,11 @@ def gpt2_weights(model_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return weights
 
 
-def gpt2_config(model_config: dict) -> dict:
+def gpt2_config(model_config: dict, end_of_text: Optional[int] = None) -> dict:
+    """config.json of the model; end_of_text: a BPE's <|endoftext|> id (GPT-2's 50256 is
+    transformers' default, out of range for any other vocabulary: said explicitly, as None too)."""
     return {
+        "bos_token_id": end_of_text, "eos_token_id": end_of_text,
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "vocab_size": model_config["vocab_size"], "n_positions": model_config["block_size"],
         "n_embd": model_config["n_embd"], "n_layer": model_config["n_layer"],
@@ -89,7 +93,9 @@ def _write_folder(snapshot: Snapshot, partial: Path) -> None:
     weights = partial / "model.safetensors"
     save_file(gpt2_weights(snapshot.model_state), str(weights), metadata={"format": "pt"})
     weights.chmod(0o666 & ~current_umask())  # save_file makes it 0600; its siblings get the usual mode
-    (partial / "config.json").write_text(json.dumps(gpt2_config(snapshot.model_config), indent=2) + "\n")
+    end_of_text = Vocabulary.kept(snapshot.vocab, snapshot.tokenizer).token_id(END_OF_TEXT)
+    config = gpt2_config(snapshot.model_config, end_of_text)
+    (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if snapshot.tokenizer:  # a BPE model's own tokenizer.json
         (partial / "tokenizer.json").write_text(snapshot.tokenizer)
     else:

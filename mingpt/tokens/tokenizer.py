@@ -92,6 +92,10 @@ class TokenizerFile:
     sha256: str
 
 
+END_OF_TEXT = "<|endoftext|>"
+"""GPT-2's end-of-text token; a BPE trained here or read from a tokenizer.json may have it too."""
+
+
 class UnknownCharacters(ValueError):
     """Characters a character vocabulary lacks (its model never saw them)."""
 
@@ -142,6 +146,10 @@ class Vocabulary(Sequence):
         if unknown:
             raise UnknownCharacters(unknown)
         return [self._ids[ch] for ch in text]
+
+    def token_id(self, token: str) -> Optional[int]:
+        """The id of a whole token ("<|endoftext|>", "a"), or None when there is no such token."""
+        return self._ids.get(token)
 
     @cached_property
     def _ids(self) -> dict[str, int]:
