@@ -38,6 +38,22 @@ def pytest_configure(config):
         os.environ[CACHE_DIR_ENV] = config.suite_cache
 
 
+LONGEST_FIRST = ("end_to_end/test_cluster.py", "end_to_end/test_fault_tolerance.py", "test_main.py",
+                 "storage/test_sharded_store.py", "distributed/test_parallel.py",
+                 "distributed/test_precision.py")
+"""The files that take longest, started first: begun last, one would keep a worker busy after the
+others have finished."""
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        path = item.path.as_posix()
+        return next((i for i, name in enumerate(LONGEST_FIRST) if path.endswith(f"tests/{name}")),
+                    len(LONGEST_FIRST))
+
+    items.sort(key=rank)  # stable: each file keeps its own order
+
+
 def pytest_unconfigure(config):
     if hasattr(config, "suite_cache"):
         shutil.rmtree(config.suite_cache, ignore_errors=True)

@@ -21,13 +21,11 @@ def test_table_lists_every_setting():
     assert "25,352,192" in text
 
 
-def test_the_command_prints_the_table_and_goes_quietly_when_its_reader_does():
+def test_the_command_goes_quietly_when_its_reader_does():
     """`python model_size.py | head -1`: the reader closes the pipe before the table is written;
     the command ends without a BrokenPipeError traceback (from inside mingpt/, as users run it)."""
     process = subprocess.Popen([sys.executable, "model_size.py"], cwd=MINGPT, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     process.stdout.close()
     _, stderr = process.communicate(timeout=60)
-    assert stderr == "" and process.returncode == 1
-    shown = subprocess.run([sys.executable, "model_size.py"], cwd=MINGPT, capture_output=True, text=True)
-    assert shown.returncode == 0 and "25,352,192" in shown.stdout
+    assert stderr == "" and process.returncode == 1  # the table itself: the tests above
