@@ -103,6 +103,12 @@ def test_multirun_sweeps(text_file, tmp_path):
     ("data_config.train_split=1.5", "error: data_config.train_split: must be between 0 and 1"),
     ("data_config.block_size=6000", "error: data_config.block_size=6000 is not smaller than the text"),
     ("data_config.path=/nonexistent/input.txt", "error: data_config.path: no such file"),
+    # Keys that must be positive, at 0 (0 means "off" only for the keys that say so).
+    ("trainer_config.keep_last=0", "error: trainer_config.keep_last: must be positive, got 0"),
+    ("trainer_config.grad_accum_steps=0", "error: trainer_config.grad_accum_steps: must be positive, got 0"),
+    ("trainer_config.save_every=0", "error: trainer_config.save_every: must be positive, got 0"),
+    ("trainer_config.log_every=0", "error: trainer_config.log_every: must be positive, got 0"),
+    ("optimizer_config.learning_rate=0", "error: optimizer_config.learning_rate: must be positive, got 0"),
     # Hydra's advice for a misspelt key adds it, and to_object would drop it without a word.
     ("+trainer_config.batch_sz=16", "error: trainer_config.batch_sz: is not a key of TrainerConfig"),
     ("+anything=1", "error: anything: is not a key of TrainConfig"),
@@ -281,6 +287,11 @@ def test_the_quick_start_works_in_order_in_a_fresh_clone_with_no_network(tmp_pat
     assert workers >= 1 or len(os.sched_getaffinity(0)) < 2, output  # the default's worker is alive
     assert process.returncode == 75 and "Stopping on SIGTERM: snapshot saved at step" in output, output
     assert (root / "gpt_snapshot.pt").exists()
+    # The original's start-up line and the split of its 5%, as the README shows them.
+    assert "Data has 55769 characters, 59 unique.\n" in output
+    assert "50,076 train and 5,565 test samples (random split)" in output
+    assert re.search(r"^Batch: 4 per process x 1 accumulation, 512 tokens per step, 12,519 steps per epoch, "
+                     r"10 epochs", output, re.M), output
 
     short = ["trainer_config.max_steps=20", "trainer_config.eval_every_steps=10"]
     trained = run([*python, *laptop[1:], *short], cwd=root, env=env)

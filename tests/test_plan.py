@@ -65,6 +65,9 @@ def test_a_slower_network_asks_for_more_gradient_accumulation():
     (["--nodes", "0"], "--nodes: must be a positive number of nodes, got 0"),
     (["--gpus-per-node", "-2"], "--gpus-per-node: must be a positive number of gpus, got -2"),
     (["--inter-gbps", "0"], "--inter-gbps: must be positive, got 0.0"),
+    (["--mfu", "2"], "--mfu: is a share of the peak, in (0, 1]; got 2.0"),
+    (["--efficiency", "0"], "--efficiency: is a share, in (0, 1]; got 0.0"),
+    (["--device", "H300", "--memory-gb", "80"], "--device: unknown device 'H300'"),  # no peak given
     (["trainer_config.distributed_method=hsdp"],
      "trainer_config.distributed_method: hsdp shards within a node"),
     (["gpt_config.n_layr=2"], "Could not override 'gpt_config.n_layr'"),

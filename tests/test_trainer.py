@@ -152,3 +152,27 @@ def test_keeping_gathered_parameters_is_refused_where_nothing_is_sharded():
         TrainerConfig(reshard_after_forward=False)
     assert str(refused.value).startswith("trainer_config.reshard_after_forward: applies to sharded methods")
     TrainerConfig(reshard_after_forward=False, distributed_method="fsdp")  # accepted
+
+
+def test_evaluation_runs_without_gradients_and_without_dropout(tmp_path, world_of_one, one_torch_thread):
+    """Every forward pass of an evaluation: no autograd graph (the README's promise; a graph would
+    hold every activation of the pass) and dropout off; training mode comes back after it."""
+    import torch
+    from helpers import make_text
+
+    from mingpt.char_dataset import CharDataset, DataConfig, split_dataset
+    from mingpt.model import GPT, GPTConfig, OptimizerConfig
+    from mingpt.trainer import Trainer, TrainerConfig
+
+    dataset = CharDataset(make_text(800), 8)
+    train_set, test_set = split_dataset(dataset, DataConfig(block_size=8), seed=0)
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, vocab_size=dataset.vocab_size, block_size=8))
+    config = TrainerConfig(use_amp=False, data_loader_workers=0, batch_size=16,
+                           snapshot_path=str(tmp_path / "s.pt"))
+    trainer = Trainer(config, model, OptimizerConfig(), train_set, test_set, dataset.vocab, world_of_one)
+    seen = []
+    trainer.model.register_forward_hook(lambda module, args, out: seen.append(
+        (torch.is_grad_enabled(), module.training, out[0].requires_grad)))
+    trainer.evaluate(epoch=1)
+    assert seen and set(seen) == {(False, False, False)}
+    assert trainer.model.training

@@ -265,3 +265,19 @@ def test_a_shard_holds_the_rows_torch_chunk_gives_its_rank(rows, ranks):
         for placements, sizes, coordinates in layouts:
             found = local_rows(ShardOf(rows, placements, sizes, coordinates, len(expected)))
             assert list(range(rows))[found] == expected
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+def test_reshard_after_forward_decides_what_a_block_holds_after_its_forward_pass(world_of_one, reshard):
+    """After a forward pass a block's parameters are its shards again (DTensors), or, with
+    reshard_after_forward=False, still the gathered ones, kept for the backward pass."""
+    from mingpt.distributed.parallel import Parallelism, parallelize
+    from mingpt.distributed.precision import Precision
+    from mingpt.model import GPT, GPTConfig
+
+    model = GPT(GPTConfig(n_layer=2, n_head=1, n_embd=8, vocab_size=5, block_size=4))
+    method = Parallelism("fsdp", reshard_after_forward=reshard, cpu_collectives=True)
+    model = parallelize(model, method, Precision("cpu", None), world_of_one)
+    model(torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, dtype=torch.long))
+    sharded = {hasattr(param, "to_local") for block in model.blocks for param in block.parameters()}
+    assert sharded == {reshard}
