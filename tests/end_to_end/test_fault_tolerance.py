@@ -212,16 +212,17 @@ def test_a_second_ctrl_c_quits_at_once_and_keeps_the_last_snapshot(text_file, tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["snap.metrics.jsonl", "snap.pt"]  # no temporary
 
 
-# Every process signalled: torchrun's (the README's command; torchrun passes the signal on too, so
-# each worker gets it twice). launch.py alone: it passes the signal on to each worker's session and
-# says what the workers did (with every process signalled too, its workers would get what
-# torchrun's get, checked above).
-@pytest.mark.parametrize("launcher, everyone", [
-    ("torchrun", True),
-    ("launch.py", False),
+# Every process signalled with SIGTERM: torchrun's (the README's command; torchrun passes the signal
+# on too, so each worker gets it twice). launch.py alone, with SIGUSR1 (Slurm's usual warning, which
+# torchrun does not pass on unless told): it passes the signal on to each worker's session and says
+# what the workers did (with every process signalled too, its workers would get what torchrun's get,
+# checked above).
+@pytest.mark.parametrize("launcher, everyone, number", [
+    ("torchrun", True, signal.SIGTERM),
+    ("launch.py", False, signal.SIGUSR1),
 ], ids=["torchrun-every-process", "launch.py-alone"])
-def test_sigterm_stops_every_rank_at_one_step_with_data_workers_and_resumes_exactly(
-        text_file, tmp_path, unbroken, launcher, everyone):
+def test_a_stop_signal_stops_every_rank_at_one_step_with_data_workers_and_resumes_exactly(
+        text_file, tmp_path, unbroken, launcher, everyone, number):
     snapshot = tmp_path / "snap.pt"
     overrides = tiny_overrides(text_file, snapshot, trainer_config__max_epochs=2,
                                trainer_config__save_every_steps=10, trainer_config__data_loader_workers=1)
@@ -229,13 +230,16 @@ def test_sigterm_stops_every_rank_at_one_step_with_data_workers_and_resumes_exac
         command = [*TORCHRUN, "--standalone", "--nproc_per_node=2", MAIN, *overrides]
     else:
         command = [sys.executable, MINGPT / "launch.py", "--nproc", "2", *overrides]
-    status, output = stop_with(command, signal.SIGTERM, everyone)
-    if launcher == "launch.py":  # torchrun exits 1 with a traceback of its own
+    status, output = stop_with(command, number, everyone)
+    name = signal.Signals(number).name
+    if launcher == "launch.py":
         assert status == STOP_EXIT_STATUS, output
-        assert "launch.py: stopped on SIGTERM; every worker saved its snapshot first" in output
+        assert f"launch.py: stopped on {name}; every worker saved its snapshot first" in output
         assert "Traceback" not in output, output
-    step = assert_stopped_and_saved(output, snapshot)
-    assert output.count("Stopping on SIGTERM") == 1  # rank 0 speaks for both
+    else:  # torchrun's own: it exits 1 with a traceback of its own whatever its workers' statuses
+        assert status == 1, output
+    step = assert_stopped_and_saved(output, snapshot, name)
+    assert output.count(f"Stopping on {name}") == 1  # rank 0 speaks for both
     if everyone:
         return  # what a resume does with a step snapshot does not depend on who got the signal
     resumed = run(command)  # launch.py's two CPU workers: one snapshot writer, rank 0's lines alone
