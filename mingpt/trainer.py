@@ -21,6 +21,7 @@ from mingpt.distributed import control, parallel
 from mingpt.distributed.activation_checkpointing import CHECKPOINTING_MODES, checkpoint_blocks
 from mingpt.distributed.precision import AMP_DTYPES, resolve_precision
 from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, all_reduce_sum, rank_zeros
+from mingpt.distributed.watchdog import RunWatchdog
 from mingpt.model import OptimizerConfig, create_optimizer, learning_rate_at, set_learning_rate
 from mingpt.planning.memory import Placement, check_memory, plan_memory
 from mingpt.reporting.metrics import default_metrics_path
@@ -101,6 +102,11 @@ class TrainerConfig:
     (TensorBoard, W&B, MLflow) get the same values: tracker_config."""
     progress_interval_s: float = 30.0
     """Seconds between progress lines (tokens/s, MFU, ETA); a terminal gets a live bar instead."""
+    hang_timeout_s: float = 300.0
+    """A rank not heard from for this long, or not moving while the others wait for it, ends the run
+    with one line naming it and a report beside the snapshots (distributed/watchdog.py); long
+    enough for the slowest step, a compilation or an evaluation batch, well under the collective
+    timeout below. A rank writing a snapshot is never taken for hung."""
     process_group_timeout_s: float = DEFAULT_TIMEOUT_S
     """How long a collective waits for the slowest rank before failing the run; it must cover rank
     0 writing a single-file snapshot alone (to S3, minutes for a large model) while the rest wait."""
@@ -108,7 +114,7 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         check_positive(self, "trainer_config", "max_epochs", "batch_size", "grad_accum_steps", "save_every",
                        "grad_norm_clip", "log_every", "keep_last", "progress_interval_s",
-                       "process_group_timeout_s")
+                       "hang_timeout_s", "process_group_timeout_s")
         check_not_negative(self, "trainer_config", "save_every_steps", "save_every_minutes", "max_steps",
                            "eval_every_steps", "eval_batches")
         if self.data_loader_workers is not None:
@@ -166,6 +172,9 @@ class Trainer:
             config.data_loader_workers, config.seed, env, control.handled_signals(config.stop_signals))
         self.checkpointer = Checkpointer(config.snapshot_policy(), env, vocab)
         self.divergence = control.DivergenceWatch(env.device, scaled=self.scaler.is_enabled())
+        self.watch = RunWatchdog(env.rank, env.world_size, config.hang_timeout_s, self.checkpointer.folder,
+                                 self.checkpointer.kept)
+        """Where this rank is, for the others to see (its thread runs inside train())."""
         self.agreement: Optional[control.StepAgreement] = None
         """Stop signals and the snapshot timer, from train() on (closed when it ends)."""
         self.progress = self.checkpointer.resume(self.model, self.optimizer, self.scaler)
@@ -225,7 +234,7 @@ class Trainer:
             return
         agreement = control.StepAgreement(config.stop_signals, config.save_every_minutes, self.env)
         failed, finished = self.report.failed_on_error(), self.checkpointer.finished_on_error()
-        with failed, agreement as self.agreement, finished:
+        with failed, agreement as self.agreement, self.watch, finished:
             while not self._budget_spent():
                 epoch = self.progress.finished_epoch + 1
                 self._train_epoch(epoch)
@@ -290,6 +299,7 @@ class Trainer:
         self.model.train()
         first_step = self._start_epoch(epoch)
         self.report.pause()
+        self.watch.at("data", self.progress.step + 1)
         for iteration, batch in enumerate(self.train_loader, start=first_step):
             inputs, targets = self.to_device(batch)
             loss, grad_norm = self.train_step(inputs, targets)
@@ -301,6 +311,7 @@ class Trainer:
             self._after_step(epoch)
             if self._budget_spent():
                 break
+            self.watch.at("data", self.progress.step + 1)
         else:
             self.progress.finish_epoch(epoch)
         self.report.flush()
@@ -352,9 +363,12 @@ class Trainer:
             share = len(micro_inputs) / len(inputs)  # an epoch's last batch may be short
             # The forward pass too: DDP decides there whether the backward pass will all-reduce.
             with parallel.gradient_sync(self.model, enabled=index == len(micro_batches) - 1):
+                self.watch.at("forward", self.progress.step + 1, index)
                 loss = self.compute_loss(micro_inputs, micro_targets)
+                self.watch.at("backward", self.progress.step + 1, index)
                 self.backward(loss * share)
             total_loss += loss.detach().float() * share
+        self.watch.at("optimizer", self.progress.step + 1)
         return total_loss, self.optimizer_step()
 
     # The three phases of a step, public so that bench/bench_train.py can time each one.
@@ -387,6 +401,7 @@ class Trainer:
         self.model.eval()
         totals = torch.zeros(2, device=self.env.device)  # sum of sample losses, sample count
         for iteration, batch in enumerate(self.test_loader):
+            self.watch.at("evaluation", self.progress.step, iteration)
             inputs, targets = self.to_device(batch)
             loss = self.compute_loss(inputs, targets)
             totals[0] += loss.float() * len(inputs)
@@ -407,6 +422,7 @@ class Trainer:
         """Take a snapshot of the training state now (every rank calls it), `when` naming the
         moment in the log line; with async_snapshots, checkpointer.finish() waits for its write."""
         self.report.publish()  # the metrics file holds at least what the snapshot covers
+        self.watch.at("snapshot", self.progress.step)
         self.checkpointer.save(when, self.progress, self.model, self.optimizer, self.scaler)
         if self.agreement is not None:
             self.agreement.saved()

@@ -28,6 +28,7 @@ Ctrl-C (SIGINT) is always a stop request: the first stops at the next step bound
 like SIGTERM; a second quits at once (KeyboardInterrupt), without a new snapshot, leaving the last
 complete one as it was (writes are atomic). Either way the process exits with status 130.
 """
+import contextlib
 import os
 import signal
 import sys
@@ -89,8 +90,13 @@ def record_clean_stop(exit_status: int) -> None:
 
 
 def clean_stops(folder: Path) -> dict[int, int]:
-    """rank -> exit status, for every rank that recorded a clean stop in folder."""
-    return {int(path.name[len("rank"):]): int(path.read_text()) for path in folder.glob("rank*")}
+    """rank -> exit status, for every rank that recorded a clean stop in folder (a record a killed
+    rank left cut short is no clean stop)."""
+    stops = {}
+    for path in folder.glob("rank*"):
+        with contextlib.suppress(ValueError):
+            stops[int(path.name[len("rank"):])] = int(path.read_text())
+    return stops
 
 
 def leave_stops_to_training(numbers: tuple[int, ...], worker_id: int) -> None:

@@ -129,3 +129,12 @@ def test_under_a_scaler_overflows_are_skipped_steps_and_only_a_lasting_nan_loss_
     for step in range(8, 11):
         observe(watch, step, float("inf"))
     assert watch.diverged_since() == 7  # nan at 7, inf at 8 and 9: three in a row
+
+
+def test_a_stop_record_cut_short_is_no_clean_stop(tmp_path):
+    """launch.py reads each rank's record; one a killed rank left empty or garbled is not a clean
+    stop (it raised ValueError with a traceback)."""
+    (tmp_path / "rank0").write_text("75")
+    (tmp_path / "rank1").write_text("")
+    (tmp_path / "rank2").write_text("7\x00")
+    assert control.clean_stops(tmp_path) == {0: 75}

@@ -10,6 +10,7 @@ import sys
 import time
 from typing import Optional
 
+import psutil
 import pytest
 import torch
 from helpers import (
@@ -303,3 +304,73 @@ def test_a_diverging_fsdp_run_on_two_ranks_stops_together_and_keeps_its_snapshot
     assert re.match(r"error: (\[rank 1\] )?training diverged: the loss is not finite from step", said[0])
     assert "the last snapshot (step 85) is kept as it was" in said[0]
     assert "Snapshot saved" not in result.stdout and sha256(snapshot) == before
+
+
+# A run that hangs by itself: a stopped rank named within hang_timeout_s, a long save not taken for
+# a hang, a dead launcher's ranks ending themselves (distributed/watchdog.py).
+
+HANG_TIMEOUT_S = 4
+
+
+def rank_process(launcher: subprocess.Popen, rank: int) -> psutil.Process:
+    """The worker of a torchrun run with RANK=rank."""
+    for child in psutil.Process(launcher.pid).children(recursive=True):
+        if child.environ().get("RANK") == str(rank) and "TORCHELASTIC_RUN_ID" in child.environ():
+            if child.name() != "pt_data_worker":
+                return child
+    raise AssertionError(f"no rank {rank} under torchrun {launcher.pid}")
+
+
+def test_a_stopped_rank_is_named_in_one_line_and_a_long_save_is_not_a_hang(text_file, tmp_path):
+    """Rank 0's snapshot write at step 10 pauses twice hang_timeout_s (rank 1 waits for it: heard
+    from, it is no hang); rank 1 is then SIGSTOPped (a rank stuck in I/O, a dead GPU, swapped out):
+    rank 0 ends the run within the timeout and a few heartbeats, in one line, with a report, and the
+    snapshot of step 30 is as it was."""
+    snapshot = tmp_path / "snap.pt"
+    overrides = tiny_overrides(text_file, snapshot, trainer_config__max_epochs=2, trainer_config__log_every=1,
+                               trainer_config__save_every_steps=10,
+                               trainer_config__hang_timeout_s=HANG_TIMEOUT_S)
+    env = {"FAULT": "slow_write_at:10", "FAULT_RANK": "0", "SLOW_WRITE_S": str(2 * HANG_TIMEOUT_S)}
+    command = [*TORCHRUN, "--standalone", "--nproc_per_node=2", WORKER_SCRIPTS / "fault_injection.py",
+               *overrides]
+    process, seen = start_until(command, "| Iter 35 |", env)
+    assert "Snapshot saved at step 10" in "".join(seen)  # the long save went by
+    before = sha256(snapshot)
+    stopped = rank_process(process, 1)
+    stopped.suspend()
+    stopped_at = time.monotonic()
+    for line in process.stdout:
+        seen.append(line)
+        if line.startswith("error:"):
+            break
+    said_after = time.monotonic() - stopped_at
+    stopped.kill()  # torchrun would wait for a stopped worker to answer its SIGTERM
+    rest, _ = process.communicate(timeout=120)
+    output = "".join(seen) + rest
+    said = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(said) == 1, output
+    assert re.match(rf"error: rank 1 \(host \S+, pid {stopped.pid}\) has not been heard from for \d+ s; it "
+                    r"was in step \d+'s .*; rank\(s\) 0 are waiting for it in step 3\d's .*; the last snapshot "
+                    r"\(step 30\) is kept as it was: .*snap\.pt; each rank's position and stacks: .*"
+                    r"hang_report\.txt$", said[0]), said[0]
+    assert said_after < HANG_TIMEOUT_S + 8, said_after
+    assert process.returncode == 1
+    report = (tmp_path / "hang_report.txt").read_text()
+    assert "== rank 0 ==\nthread MainThread" in report and "== rank 1 ==" not in report
+    assert sha256(snapshot) == before
+
+
+def test_ranks_whose_launcher_died_end_themselves(text_file, tmp_path):
+    """torchrun SIGKILLed (the OOM killer, an operator's wrong pid): its workers, in sessions of their
+    own, would train on as orphans; each ends within a few heartbeats, saying why."""
+    overrides = tiny_overrides(text_file, tmp_path / "snap.pt", trainer_config__max_epochs=2,
+                               trainer_config__hang_timeout_s=HANG_TIMEOUT_S)
+    command = [*TORCHRUN, "--standalone", "--nproc_per_node=2", MAIN, *overrides]
+    process, _ = start_until(command, "| Iter 20 |")
+    workers = [rank_process(process, rank) for rank in (0, 1)]
+    process.kill()
+    killed_at = time.monotonic()
+    gone, alive = psutil.wait_procs(workers, timeout=HANG_TIMEOUT_S + 10)
+    assert not alive, f"orphans still running {time.monotonic() - killed_at:.0f} s after torchrun died"
+    output = process.stdout.read()
+    assert output.count("its launcher (pid") == 2, output

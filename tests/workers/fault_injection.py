@@ -12,7 +12,8 @@ plant one fault per attempt: the first in the first attempt, the second in the r
 `error:N` raises a user-facing error (say, a snapshot store that refused one rank) after step N
 instead of killing. `slow_config:S`: reading the config takes S seconds longer (say, a rank slower
 to start). `slow_write:N` makes every snapshot write from step N on pause SLOW_WRITE_S
-seconds half-way (a save that can be interrupted).
+seconds half-way (a save that can be interrupted), `slow_write_at:N` only that of step N (a long
+save, as to S3); SLOW_WRITE_S in the environment sets the pause (default 30 s).
 
 RECORD_SAMPLES: each training batch a rank draws is appended to DIR/samples-rank<R>-<pid>.txt as
 `epoch index index ...` (split indices; run with data_loader_workers=0, so that nothing is drawn
@@ -75,11 +76,11 @@ def die_while_writing(step: int) -> None:
     torch.save = save
 
 
-SLOW_WRITE_S = 30.0
+SLOW_WRITE_S = float(os.environ.get("SLOW_WRITE_S", 30))
 
 
-def pause_while_writing(first_step: int) -> None:
-    """Snapshots of first_step and later pause half-way through their real write."""
+def pause_while_writing(first_step: int, only: bool = False) -> None:
+    """Snapshots of first_step (and later ones, unless only) pause half-way through their real write."""
     import time
 
     import torch
@@ -87,7 +88,8 @@ def pause_while_writing(first_step: int) -> None:
     original_save = torch.save
 
     def save(obj, f, *args, **kwargs):
-        if isinstance(obj, dict) and obj.get("step", -1) >= first_step and "model_state" in obj:
+        step = obj.get("step", -1) if isinstance(obj, dict) and "model_state" in obj else -1
+        if step == first_step if only else step >= first_step:
             f.write(b"PK" + bytes(1 << 16))
             time.sleep(SLOW_WRITE_S)
         return original_save(obj, f, *args, **kwargs)
@@ -122,6 +124,8 @@ def plant(fault: str) -> None:
         die_while_writing(number)
     elif kind == "slow_write":
         pause_while_writing(number)
+    elif kind == "slow_write_at":
+        pause_while_writing(number, only=True)
     elif kind == "slow_config":
         slow_config(number)
     elif kind == "error":

@@ -1,0 +1,227 @@
+"""A run that goes wrong by itself: a rank that hangs or dies, or a launcher that dies, is found
+within hang_timeout_s and said in one line, instead of after the 30-minute collective timeout.
+
+Each rank keeps its position, the step and phase it is in (data, forward, backward, optimizer,
+snapshot, evaluation), which the training thread sets as it goes: an attribute assignment, nothing
+measurable. A daemon thread per rank posts it to the run's store (the TCPStore of torchrun's agent,
+through a connection of its own) every few seconds with a heartbeat count, and reads every other
+rank's; its own clock times what it sees, so hosts' clocks never meet. A rank is hung when
+- not heard from: its heartbeat has not moved for hang_timeout_s (stopped, swapped out, dead), or
+- stuck: no rank has moved for hang_timeout_s, and it is behind the others, who wait for it in a
+  collective (or all are in one collective that never completes). While a rank writes a snapshot
+  (rank 0 alone, to S3, for minutes) it is heard from and the others wait for it as they should:
+  no rank is stuck then.
+The first rank to see it posts the verdict; every rank that still can adds its Python stacks; that
+first rank writes `hang_report.txt` beside the snapshots and says the one line; every rank then
+exits with status 1, so torchrun, launch.py and Slurm see a failed run (and an elastic torchrun
+restarts it from the last snapshot). A rank whose launcher has died (its parent process changed,
+or the store stopped answering) ends itself the same way instead of training on as an orphan.
+"""
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Callable, Optional
+
+import torch.distributed as dist
+
+from mingpt.common import files
+
+PHASES = ("data", "forward", "backward", "optimizer", "snapshot", "evaluation")
+"""In the order a step meets them: a step's data to its optimizer step, then what follows the step."""
+NEVER_STUCK = ("snapshot",)
+WORDS = {"data": "data loading", "forward": "forward pass", "backward": "backward pass (gradient sync)",
+         "optimizer": "optimizer step", "snapshot": "snapshot", "evaluation": "evaluation"}
+KEY = "mingpt/watch"
+REPORT = "hang_report.txt"
+STACKS_WAIT_S = 5.0
+"""How long the rank that found a hang waits for the others' stacks before it reports without them."""
+
+
+@dataclass(frozen=True)
+class Position:
+    step: int = 0
+    phase: str = "data"
+    item: int = 0
+    """A count within the phase (an evaluation's batch): a long phase that moves is not stuck."""
+
+    def order(self) -> tuple[int, int, int]:
+        return self.step, PHASES.index(self.phase), self.item
+
+    def __str__(self) -> str:
+        return f"step {self.step}'s {WORDS[self.phase]}"
+
+
+@dataclass
+class Seen:
+    """What one rank's thread knows of another rank, timed by its own clock."""
+
+    position: Position
+    heartbeat: int
+    host: str
+    pid: int
+    heard_at: float
+    moved_at: float
+
+
+def hang_verdict(seen: dict[int, Seen], now: float, timeout_s: float) -> Optional[str]:
+    """The sentence that names what hangs, or None while nothing does."""
+    silent = sorted(rank for rank, s in seen.items() if now - s.heard_at > timeout_s)
+    if silent:
+        return _sentence(seen, silent, "has not been heard from", now - seen[silent[0]].heard_at)
+    # A rank that stops stops every other within a collective: while any moves, none is stuck (and
+    # a rank seen far ahead of another may only be seen before the other's next post).
+    still = now - max(s.moved_at for s in seen.values())
+    if still <= timeout_s or any(s.position.phase in NEVER_STUCK for s in seen.values()):
+        return None
+    last = max(s.position.order() for s in seen.values())
+    behind = sorted(rank for rank, s in seen.items() if s.position.order() < last)
+    if behind:
+        return _sentence(seen, behind, "has not moved", now - seen[behind[0]].moved_at)
+    return (f"no rank has moved for {still:.0f} s: every rank is in {seen[0].position} (a collective that "
+            "never completes)")
+
+
+def _sentence(seen: dict[int, Seen], culprits: list[int], what: str, for_s: float) -> str:
+    first = seen[culprits[0]]
+    who = ", ".join(f"rank {rank} (host {seen[rank].host}, pid {seen[rank].pid})" for rank in culprits)
+    waiting = sorted(rank for rank in seen if rank not in culprits)
+    wait = ""
+    if waiting:
+        ranks = ", ".join(map(str, waiting))
+        wait = f"; rank(s) {ranks} are waiting for it in {seen[waiting[0]].position}"
+    return f"{who} {what} for {for_s:.0f} s; it was in {first.position}{wait}"
+
+
+class RunWatchdog:
+    """One rank's watch over the run (a context: the thread runs inside it)."""
+
+    def __init__(self, rank: int, world_size: int, timeout_s: float, report_folder: str,
+                 kept: Callable[[], str]):
+        self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
+        self.report_folder = report_folder
+        self.kept = kept
+        """What the run leaves to resume from, for the line (Checkpointer.kept)."""
+        self.position = Position()
+        self.interval_s = min(5.0, timeout_s / 6)
+        self._parent = os.getppid()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._store: Optional[dist.Store] = None
+        # Keys of this attempt: an elastic restart keeps torchrun's store, and must not meet the
+        # verdict that ended the attempt before it.
+        self._key = f"{KEY}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+    @property
+    def active(self) -> bool:
+        """Only under a launcher, with other ranks to watch."""
+        return self.world_size > 1 and "MASTER_ADDR" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
+
+    def at(self, phase: str, step: int, item: int = 0) -> None:
+        """The training thread's position: phase of step (IN_STEP phases: the step being taken)."""
+        self.position = Position(step, phase, item)
+
+    def __enter__(self) -> "RunWatchdog":
+        if self.active:
+            self._store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                        is_master=False, timeout=timedelta(seconds=self.interval_s * 2),
+                                        wait_for_workers=False)
+            self._thread = threading.Thread(target=self._watch, name="mingpt-watchdog", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        seen: dict[int, Seen] = {}
+        heartbeat, unanswered_since = 0, None
+        while not self._stop.wait(self.interval_s):
+            if os.getppid() != self._parent:
+                self._end(f"[rank {self.rank}] its launcher (pid {self._parent}) has gone: this rank ends "
+                          f"instead of training on alone; {self.kept()}")
+            try:
+                heartbeat += 1
+                self._post(heartbeat)
+                verdict = self._verdict_posted() or self._judge(seen)
+                unanswered_since = None
+            except (RuntimeError, OSError, dist.DistStoreError) as error:
+                unanswered_since = unanswered_since or time.monotonic()
+                if time.monotonic() - unanswered_since > self.timeout_s:
+                    self._end(f"[rank {self.rank}] the run's store has not answered for "
+                              f"{self.timeout_s:.0f} s ({type(error).__name__}): its launcher is gone; "
+                              f"{self.kept()}")
+                continue
+            if verdict:
+                self._report(verdict)
+
+    def _post(self, heartbeat: int) -> None:
+        position = self.position
+        self._store.set(f"{self._key}/{self.rank}", json.dumps(
+            [heartbeat, position.step, position.phase, position.item, socket.gethostname(), os.getpid()]))
+
+    def _judge(self, seen: dict[int, Seen]) -> Optional[str]:
+        keys = [f"{self._key}/{rank}" for rank in range(self.world_size)]
+        if not self._store.check(keys):
+            return None  # not every rank has started watching yet
+        now = time.monotonic()
+        for rank, raw in enumerate(self._store.multi_get(keys)):
+            heartbeat, step, phase, item, host, pid = json.loads(raw)
+            position, before = Position(step, phase, item), seen.get(rank)
+            if before is None:
+                seen[rank] = Seen(position, heartbeat, host, pid, now, now)
+                continue
+            if heartbeat != before.heartbeat:
+                before.heartbeat, before.heard_at = heartbeat, now
+            if position != before.position:
+                before.position, before.moved_at = position, now
+        verdict = hang_verdict(seen, now, self.timeout_s)
+        if verdict and self._store.compare_set(f"{self._key}/verdict", "", verdict) == verdict.encode():
+            return verdict  # this rank saw it first: it reports
+        return None
+
+    def _verdict_posted(self) -> Optional[str]:
+        """Another rank found the run hung: give it this rank's stacks, then end."""
+        if not self._store.check([f"{self._key}/verdict"]):
+            return None
+        self._store.set(f"{self._key}/stacks/{self.rank}", python_stacks())
+        if self._store.check([f"{self._key}/reported"]):
+            os._exit(1)  # the reporting rank has said it
+        return None
+
+    def _report(self, verdict: str) -> None:
+        self._store.set(f"{self._key}/stacks/{self.rank}", python_stacks())
+        deadline = time.monotonic() + STACKS_WAIT_S
+        keys = [f"{self._key}/stacks/{rank}" for rank in range(self.world_size)]
+        while time.monotonic() < deadline and not self._store.check(keys):
+            time.sleep(0.2)
+        stacks = {rank: self._store.get(key).decode() for rank, key in enumerate(keys)
+                  if self._store.check([key])}
+        report = f"{self.report_folder.rstrip('/')}/{REPORT}"
+        text = f"{verdict}\n\n" + "\n".join(f"== rank {rank} ==\n{stack}" for rank, stack in stacks.items())
+        try:
+            files.write_atomically(report, lambda f: f.write(text.encode()))
+            where = f"; each rank's position and stacks: {report}"
+        except Exception as error:  # the report is a help; the line is the verdict
+            where = f" (no report: {type(error).__name__})"
+        self._store.set(f"{self._key}/reported", "1")
+        self._end(f"{verdict}; {self.kept()}{where}")
+
+    def _end(self, line: str) -> None:
+        """Say it and end this process now: its training thread may be blocked in a collective."""
+        print(f"error: {line}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
+
+
+def python_stacks() -> str:
+    """Every thread's Python stack in this process, the training thread's first."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    frames = sorted(sys._current_frames().items(), key=lambda item: names.get(item[0]) != "MainThread")
+    return "\n".join(f"thread {names.get(ident, ident)}:\n{''.join(traceback.format_stack(frame))}"
+                     for ident, frame in frames)
