@@ -32,14 +32,22 @@ from mingpt.char_dataset import (
     prepare_corpus,
     split_dataset,
 )
+from mingpt.common import files
 from mingpt.common.errors import MinGPTError, check, command, short_reason
 from mingpt.common.field_docs import field_docs
 from mingpt.common.logger import configure_logging, log, warn_once
 from mingpt.distributed.control import INTERRUPT_EXIT_STATUS, RunStopped, record_clean_stop
-from mingpt.distributed.process_group import DistEnv, barrier, distributed_session, said_by_local_rank_zero
+from mingpt.distributed.process_group import (
+    DistEnv,
+    barrier,
+    distributed_session,
+    record_nccl_collectives,
+    said_by_local_rank_zero,
+)
 from mingpt.model import GPT, GPTConfig, OptimizerConfig
 from mingpt.reporting.trackers import TrackerConfig
 from mingpt.storage.gpt2_folder import GPT2Folder, open_folder
+from mingpt.storage.snapshot import snapshot_folder
 from mingpt.trainer import Trainer, TrainerConfig
 
 
@@ -85,9 +93,17 @@ def load_dataset(config: DataConfig, env: DistEnv) -> CharDataset:
 
 
 def train(config: TrainConfig) -> None:
+    record_nccl_collectives(trace_folder(config.trainer_config.snapshot_path))
     with distributed_session(config.trainer_config.process_group_timeout_s) as env:
         configure_logging(env.rank)
         build_and_train(config, env)
+
+
+def trace_folder(snapshot_path: str) -> Path:
+    """Where NCCL's flight recorder dumps: beside the snapshots, or in the cache folder when they are
+    not on this machine (NCCL writes local files)."""
+    folder = snapshot_folder(snapshot_path)
+    return files.cache_folder(None) / "nccl_traces" if files.is_remote(folder) else Path(folder)
 
 
 def build_and_train(config: TrainConfig, env: DistEnv) -> None:

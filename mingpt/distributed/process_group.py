@@ -12,6 +12,7 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Iterator
 
 import psutil
@@ -67,6 +68,25 @@ class DistEnv:
         across = f", across nodes on {gloo_interface()}" if across_nodes else ""
         return (f"{self.world_size} process(es) on {self.num_nodes} node(s), {self.backend} on "
                 f"{self.device.type}{across}")
+
+
+FLIGHT_RECORDER = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+"""NCCL's flight recorder: each rank keeps its last 2,000 collectives in memory and dumps them when
+one times out or fails (torch reads these when it makes an NCCL group)."""
+FLIGHT_RECORDER_PREFIX = "nccl_trace_rank_"
+
+
+def record_nccl_collectives(folder: Path) -> None:
+    """On a machine with GPUs, turn NCCL's flight recorder on, dumping into folder/nccl_trace_rank_<N>
+    (a user's own settings of these variables win). Read the dumps with torch's analyzer:
+    `python -m torch.distributed.flight_recorder.fr_trace FOLDER --prefix nccl_trace_rank_`. Gloo
+    runs are left as they are."""
+    if not torch.cuda.is_available():
+        return
+    for key, value in FLIGHT_RECORDER.items():
+        os.environ.setdefault(key, value)
+    for key in ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE"):  # torch's older and newer name
+        os.environ.setdefault(key, str(folder / FLIGHT_RECORDER_PREFIX))
 
 
 def launched_by_torchrun() -> bool:

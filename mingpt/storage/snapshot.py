@@ -193,6 +193,12 @@ def is_folder(path: str) -> bool:
     return not path.endswith(".pt")
 
 
+def snapshot_folder(path: str) -> str:
+    """Where a run's snapshots, and what lives beside them (metrics, reports), go: a folder path
+    itself, or the folder of a .pt file."""
+    return path.rstrip("/") if is_folder(path) else files.parent_folder(path)
+
+
 def snapshot_at(path: str, key: str) -> tuple[Optional[Snapshot], Optional[str]]:
     """For the commands that read a snapshot a user names (key: the option naming it), whatever the
     run wrote: any file, whatever its name; a sharded_<step> folder, or a run folder of those (its

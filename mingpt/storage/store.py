@@ -16,6 +16,7 @@ from mingpt.storage.snapshot import (
     is_folder,
     list_entries,
     newest_snapshot,
+    snapshot_folder,
     write_snapshot,
 )
 
@@ -51,7 +52,7 @@ class FullStateStore:
     @property
     def folder(self) -> str:
         """Where snapshots (and the metrics beside them) live."""
-        return self.path.rstrip("/") if self.is_folder else files.parent_folder(self.path)
+        return snapshot_folder(self.path)
 
     def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: Snapshot, is_main: bool) -> None:
         """Gather the full state (every rank takes part); global rank 0 writes it with info."""

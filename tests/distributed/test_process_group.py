@@ -1,4 +1,6 @@
 """process_group.py: the backends a rank joins with, its device, and the collective timeout."""
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -87,3 +89,29 @@ def test_every_group_the_run_makes_has_its_timeout(tmp_path):
         assert {name: timeout_s(group) for name, group in groups.items()} == dict.fromkeys(groups, 77)
     finally:
         dist.destroy_process_group()
+
+
+FLIGHT_RECORDER_KEYS = ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT",
+                        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE")
+
+
+def test_nccls_flight_recorder_is_on_with_gpus_dumping_beside_the_snapshots(tmp_path, monkeypatch):
+    """Set before the NCCL group is made (main.train); a user's own value wins; without GPUs (gloo)
+    nothing is set. (A dump on a real collective timeout: checked on a lent GPU.)"""
+    from mingpt.main import trace_folder
+
+    for key in FLIGHT_RECORDER_KEYS:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    process_group.record_nccl_collectives(tmp_path)
+    assert not any(key in os.environ for key in FLIGHT_RECORDER_KEYS)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "50")
+    folder = trace_folder(str(tmp_path / "run" / "gpt_snapshot.pt"))
+    assert folder == tmp_path / "run"
+    process_group.record_nccl_collectives(folder)
+    assert os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50"
+    assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / "run" / "nccl_trace_rank_")
+    assert trace_folder("s3://bucket/run/").name == "nccl_traces"  # NCCL writes local files
