@@ -1,16 +1,22 @@
 """Parameter counts and state sizes of GPT settings, without allocating any weights.
 
-    python model_size.py [--vocab-size 65] [--block-size 128]
+    python model_size.py [--vocab-size 65] [--block-size 128] [overrides]
 
-A snapshot holds the fp32 model state plus AdamW's two moments per parameter: about 3x the model.
+Hydra overrides, as for main.py (`gpt_config.n_layer=12`, `gpt_config.model_type=gpt2 ...`,
+`--config-name laptop` is not among them), add a row for the model they configure, with
+data_config.block_size for its block. A snapshot holds the fp32 model state plus AdamW's two
+moments per parameter: about 3x the model.
 """
 from typing import Optional
 
-from mingpt.common.errors import OneLineArgumentParser, command
+from mingpt.common.errors import OneLineArgumentParser, check, command
 from mingpt.model import DEFAULT_SIZES, PRESETS, GPTConfig, meta_model
 
+Sizes = tuple[int, int, int]
+"""n_layer, n_head, n_embd."""
 DEFAULT = "default (gpt2_train_cfg.yaml)"
-SETTINGS: dict[str, tuple[int, int, int]] = {DEFAULT: tuple(DEFAULT_SIZES.values()), **PRESETS}
+CONFIGURED = "your overrides"
+SETTINGS: dict[str, Sizes] = {DEFAULT: tuple(DEFAULT_SIZES.values()), **PRESETS}
 
 
 def measure(n_layer: int, n_head: int, n_embd: int, vocab_size: int, block_size: int) -> tuple[int, int]:
@@ -22,24 +28,44 @@ def measure(n_layer: int, n_head: int, n_embd: int, vocab_size: int, block_size:
     return params, state_bytes
 
 
-def table(vocab_size: int, block_size: int) -> str:
+def table(vocab_size: int, block_size: int, configured: Optional[tuple[Sizes, int]] = None) -> str:
+    """One row per setting; configured: the sizes and block of the model the overrides give."""
     header = (f"{'setting':<28} {'layers':>6} {'heads':>5} {'embd':>5} {'params':>13} "
               f"{'model MB':>9} {'snapshot MB':>11}")
     rows = [header, "-" * len(header)]
-    for name, (n_layer, n_head, n_embd) in SETTINGS.items():
-        params, state_bytes = measure(n_layer, n_head, n_embd, vocab_size, block_size)
+    settings = [(name, sizes, block_size) for name, sizes in SETTINGS.items()]
+    if configured is not None:
+        settings.append((CONFIGURED, *configured))
+    for name, (n_layer, n_head, n_embd), block in settings:
+        params, state_bytes = measure(n_layer, n_head, n_embd, vocab_size, block)
         rows.append(f"{name:<28} {n_layer:>6} {n_head:>5} {n_embd:>5} {params:>13,} "
                     f"{state_bytes / 1e6:>9.1f} {3 * state_bytes / 1e6:>11.1f}")
     return "\n".join(rows)
 
 
+def configured_model(overrides: list[str]) -> Optional[tuple[Sizes, int]]:
+    """The sizes and block of the model main.py would build with these overrides (None: none given)."""
+    if not overrides:
+        return None
+    from mingpt.plan import load_run_config  # Hydra's compose, as plan.py reads the run's config
+
+    config = load_run_config(overrides)
+    model = config.gpt_config
+    check(not model.init_from, "gpt_config.init_from",
+          "a model folder sets its own sizes: see its config.json")
+    return (model.n_layer, model.n_head, model.n_embd), config.data_config.block_size
+
+
 @command
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = OneLineArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--vocab-size", type=int, default=65, help="tiny-shakespeare has 65 characters")
-    parser.add_argument("--block-size", type=int, default=128)
-    args = parser.parse_args(argv)
-    print(table(args.vocab_size, args.block_size))
+    parser = OneLineArgumentParser(description=__doc__.splitlines()[0],
+                                   epilog="Anything else is a Hydra override, as for main.py.")
+    parser.add_argument("--vocab-size", type=int, default=65,
+                        help="tiny-shakespeare has 65 characters (default: %(default)s)")
+    parser.add_argument("--block-size", type=int, default=128,
+                        help="of the table's settings (default: %(default)s)")
+    args, overrides = parser.parse_known_args(argv)
+    print(table(args.vocab_size, args.block_size, configured_model(overrides)))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 import subprocess
 import sys
 
+import pytest
 from helpers import MINGPT
 
 from mingpt.model import PRESETS
@@ -29,3 +30,18 @@ def test_the_command_goes_quietly_when_its_reader_does():
     process.stdout.close()
     _, stderr = process.communicate(timeout=60)
     assert stderr == "" and process.returncode == 1  # the table itself: the tests above
+
+
+def test_overrides_add_the_row_of_the_model_they_configure(capsys):
+    """As every other command, it takes main.py's overrides: their model gets a row of its own."""
+    from mingpt.model_size import main
+
+    main(["--vocab-size", "65", "gpt_config.model_type=gpt-mini", "gpt_config.n_layer=null",
+          "gpt_config.n_head=null", "gpt_config.n_embd=null", "data_config.block_size=64"])
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[-1].split()[:5] == ["your", "overrides", "6", "6", "192"]
+    expected, _ = measure(6, 6, 192, vocab_size=65, block_size=64)
+    assert f"{expected:,}" in rows[-1]
+    with pytest.raises(SystemExit):
+        main(["gpt_config.n_layr=3"])
+    assert capsys.readouterr().err.startswith("error: Could not override 'gpt_config.n_layr'")
