@@ -7,14 +7,16 @@ Hydra composes gpt2_train_cfg.yaml over the typed schema below, so a misspelt ke
 wrong type is refused before anything runs; the result is turned into dataclasses once, here, and
 their checks reject out-of-range values with one line naming the key.
 """
+import contextlib
 import dataclasses
 import inspect
+import io
 import os
 import sys
 import textwrap
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import hydra
 import torch
@@ -41,6 +43,7 @@ from mingpt.distributed.process_group import (
     DistEnv,
     barrier,
     distributed_session,
+    launched_by_torchrun,
     record_nccl_collectives,
     said_by_local_rank_zero,
 )
@@ -158,6 +161,7 @@ def startup_summary(config: TrainConfig, dataset: CharDataset, train_set, test_s
 
 @hydra.main(version_base=None, config_path=".", config_name="gpt2_train_cfg")
 def main(cfg: DictConfig) -> None:
+    sys.stderr = sys.__stderr__  # Hydra took the command line: this process speaks again
     status = run(cfg)
     if status:  # returning, not exiting, on success: a sweep (-m) runs its next job in this process
         sys.exit(status)
@@ -285,9 +289,31 @@ HELP_FLAGS = {"--help": False, "-h": False, "--help=md": True}
 """Our help instead of Hydra's generic page (--hydra-help keeps Hydra's): True for markdown."""
 
 
+@contextlib.contextmanager
+def hydra_refusals_said_once() -> Iterator[None]:
+    """Under a launcher every process reads the same command line, and Hydra refuses a mistake in it
+    (a misspelt key, a wrong type) on each of them, before main() runs. Local rank 0 says it; the
+    others hold what they would write until main() starts, and drop it if Hydra stopped them first
+    (having waited for local rank 0 to end: exiting first, they would have the launcher stop it)."""
+    if not launched_by_torchrun() or os.environ.get("LOCAL_RANK", "0") == "0":
+        yield
+        return
+    sys.stderr = io.StringIO()
+    try:
+        yield
+    except SystemExit:
+        if sys.stderr is not sys.__stderr__:
+            sys.stderr = sys.__stderr__
+            said_by_local_rank_zero()
+        raise
+    finally:
+        sys.stderr = sys.__stderr__
+
+
 if __name__ == "__main__":
     asked = [HELP_FLAGS[arg] for arg in sys.argv[1:] if arg in HELP_FLAGS]
     if asked:
         print(config_reference(markdown=asked[0]))
     else:
-        main()
+        with hydra_refusals_said_once():
+            main()
