@@ -6,7 +6,9 @@ streaming pass, into a token file (prepare_data.py) that every process of a mach
 does not grow with the corpus and ranks share one copy through the page cache.
 
 With data_config.tokenizer set to a byte-level BPE (tokens/tokenizer.py) the same holds of its
-tokens: a sample is block_size tokens, and "characters" below reads "tokens".
+tokens: a sample is block_size tokens, and "characters" below reads "tokens". Pre-tokenized shards
+(llm.c's, nanoGPT's: tokens/shards.py) are read as they lie, with no token file: their stream of ids
+stands where a token file's ids do.
 """
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,7 @@ from torch.utils.data import Dataset
 
 from mingpt.common.errors import DataError, check, check_choice, check_positive
 from mingpt.tokens.permutation import Permutation
+from mingpt.tokens.shards import AUTO, SHARD_FORMATS, TEXT, ShardStream, names_shards, open_shards
 from mingpt.tokens.token_file import TokenFile, encode_text, open_token_file, prepare, token_file_for
 from mingpt.tokens.tokenizer import (
     DEFAULT_SAMPLE_MB,
@@ -32,38 +35,59 @@ DEFAULT_CORPUS = REPO_ROOT / "data" / "input.txt"
 """tiny-shakespeare, committed as the original commits it: the default trains with no network."""
 
 SPLITS = ("random", "contiguous")
+FORMATS = (AUTO, TEXT, *SHARD_FORMATS)
+PATH_KEY, VAL_PATH_KEY = "data_config.path", "data_config.val_path"
 
 
 @dataclass
 class DataConfig:
     path: str = str(DEFAULT_CORPUS)
-    """A local path or any fsspec URL (s3://, gs://, https://, ...) of a UTF-8 text file."""
+    """A local path or any fsspec URL (s3://, gs://, https://, ...) of a UTF-8 text file; or
+    pre-tokenized shards on this machine (data_config.format): a .bin file, a folder of them or a glob
+    ('fineweb10B/fineweb_train_*.bin', quoted), read in sorted path order as one stream."""
     block_size: int = 128
     """Characters of context per sample."""
     train_split: float = 0.9
-    """Share of the samples (random) or of the text (contiguous) used for training."""
+    """Share of the samples (random) or of the text (contiguous) used for training; not used with
+    data_config.val_path."""
     truncate: float = 1.0
     """Keep only this leading share of the text. gpt2_train_cfg.yaml sets the original's 0.05, made
     for tiny-shakespeare (`python main.py` trains on 5% of it, as the original did); a run on
-    another text says how much of it the share keeps. 1.0: the whole text (a DataConfig's default)."""
+    another text says how much of it the share keeps. 1.0: the whole text (a DataConfig's default).
+    Of data_config.path only: data_config.val_path is read whole."""
     cache_dir: Optional[str] = None
     """Where token files are kept for texts behind fsspec URLs (s3://...) or in read-only folders
     (a local text's own folder otherwise); default $MINGPT_CACHE_DIR or ~/.cache/mingpt-ddp."""
     split: str = "random"
     """'random': the original's split of overlapping windows (test windows share characters with
     training windows, so the test loss is not held out). 'contiguous': the first train_split of
-    the text trains, the rest tests, with no character in both: the honest held-out measure."""
+    the text trains, the rest tests, with no character in both: the honest held-out measure. Not used
+    with data_config.val_path."""
     tokenizer: str = "char"
     """char: one token per character (the original's). bpe: a byte-level BPE (GPT-2's kind) trained
     on this text, kept with its token file. Or the path (local or fsspec URL) of a byte-level BPE's
     tokenizer.json (GPT-2's, or any in the Hugging Face tokenizers format): nothing is downloaded.
-    With gpt_config.init_from, the model folder's tokenizer.json is used (leave this at char)."""
+    With gpt_config.init_from, the model folder's tokenizer.json is used (leave this at char).
+    Pre-tokenized shards, and a val_path, need the tokenizer.json that made them (GPT-2's for llm.c's
+    FineWeb shards)."""
     bpe_vocab_size: int = DEFAULT_VOCAB_SIZE
     """tokenizer=bpe: at most this many tokens, the 256 byte tokens included (a small text may
     give fewer merges)."""
     bpe_sample_mb: float = DEFAULT_SAMPLE_MB
     """tokenizer=bpe: train it on this many MB of the text, in 64 windows spread evenly over it
     (all of it if smaller): a few MB settle a few thousand merges, and training reads about 2 MB/s."""
+    format: str = AUTO
+    """What path (and val_path) hold. auto: a text, as always, unless the path is a .bin file, a
+    folder or a glob: then shards, each file recognised by its header (llm.c's magic number) or else
+    read as nanoGPT's. text: a UTF-8 text whatever its name. llmc: llm.c's and modded-nanogpt's shards
+    (FineWeb's fineweb_train_*.bin: a 1,024-byte header, then uint16 ids). nanogpt: nanoGPT
+    prepare.py's train.bin and val.bin (uint16 ids, no header). Shards are read as they lie: nothing is
+    prepared; their stream is continuous, so a window may straddle two shards."""
+    val_path: Optional[str] = None
+    """The evaluation's own data, in path's forms (shards, a folder or glob of them, or a text, of
+    data_config.format), as FineWeb (fineweb_val_*.bin) and nanoGPT (val.bin) ship it: training then
+    uses all of path's windows and evaluation all of val_path's, and train_split and split do not
+    apply. Needs data_config.tokenizer set to a tokenizer.json. null: the test split is cut from path."""
 
     def __post_init__(self) -> None:
         check_positive(self, "data_config", "block_size")
@@ -73,6 +97,9 @@ class DataConfig:
         check(0.0 < self.truncate <= 1.0, "data_config.truncate",
               f"must be in (0, 1], got {self.truncate}")
         check_choice(self, "data_config", "split", SPLITS)
+        check_choice(self, "data_config", "format", FORMATS)
+        check(self.val_path is None or bool(self.val_path), VAL_PATH_KEY,
+              "must not be empty; give shards or a text, or null to cut the test split from path")
 
     @property
     def tokenizer_choice(self) -> TokenizerChoice:
@@ -93,14 +120,19 @@ class CharDataset(Dataset):
 
     @classmethod
     def from_token_file(cls, tokens: TokenFile, block_size: int, truncate: float = 1.0) -> "CharDataset":
-        """The leading `truncate` share of a prepared token file, with the vocabulary of that share
-        (of characters; a BPE's vocabulary is its tokenizer's, whatever share is kept)."""
+        """The leading `truncate` share of a prepared token file (see from_ids)."""
+        return cls.from_ids(tokens.ids, Vocabulary.kept(tokens.vocab, tokens.tokenizer), block_size, truncate)
+
+    @classmethod
+    def from_ids(cls, ids, vocabulary: Vocabulary, block_size: int, truncate: float = 1.0) -> "CharDataset":
+        """The leading `truncate` share of a text's ids (a token file's array, or a ShardStream), with
+        the vocabulary of that share (of characters; a BPE's vocabulary is its tokenizer's, whatever
+        share is kept)."""
         dataset = cls.__new__(cls)
-        length = int(tokens.n_tokens * truncate)
-        vocabulary = Vocabulary.kept(tokens.vocab, tokens.tokenizer)
-        dataset._setup(tokens.ids[:length], vocabulary.tokens, block_size,
-                       whole_text=length == tokens.n_tokens or not vocabulary.is_char, vocabulary=vocabulary)
-        dataset.text_length = tokens.n_tokens
+        length = int(len(ids) * truncate)
+        dataset._setup(ids[:length], vocabulary.tokens, block_size,
+                       whole_text=length == len(ids) or not vocabulary.is_char, vocabulary=vocabulary)
+        dataset.text_length = len(ids)
         return dataset
 
     def _setup(self, ids: np.ndarray, vocab: list[str], block_size: int, whole_text: bool,
@@ -126,6 +158,11 @@ class CharDataset(Dataset):
     @property
     def vocab_size(self) -> int:
         return len(self.vocab)
+
+    @property
+    def shards(self) -> Optional[ShardStream]:
+        """The pre-tokenized shards the ids are read from; None for a text."""
+        return self.ids if isinstance(self.ids, ShardStream) else None
 
     @property
     def num_chars(self) -> int:
@@ -226,34 +263,86 @@ def in_windows(dataset: Dataset) -> Dataset:
     return Split(dataset, 0, len(dataset)) if isinstance(dataset, CharDataset) else dataset
 
 
-def open_corpus(config: DataConfig) -> CharDataset:
-    """The configured text's token file, memory-mapped (prepare_corpus has made it on this machine)."""
-    choice = config.tokenizer_choice
-    tokens = open_token_file(token_file_for(config.path, config.cache_dir, choice))
-    if tokens.settings != choice.settings():  # another run, of other settings, made it meanwhile
-        raise DataError(f"token file {tokens.path} was made again by another run, for other tokenizer "
-                        "settings; run one tokenizer setting per text at a time, then start again")
-    dataset = CharDataset.from_token_file(tokens, config.block_size, config.truncate)
+def open_corpus(config: DataConfig, validation: bool = False) -> CharDataset:
+    """The configured text's token file, memory-mapped (prepare_corpus has made it on this machine),
+    or its shards; of data_config.val_path when validation is asked for."""
+    key, path = (VAL_PATH_KEY, config.val_path) if validation else (PATH_KEY, config.path)
+    truncate = 1.0 if validation else config.truncate
+    if names_shards(path, config.format):
+        vocabulary = vocabulary_of_shards(config.tokenizer_choice)
+        stream = open_shards(path, config.format, len(vocabulary), key)
+        dataset = CharDataset.from_ids(stream, vocabulary, config.block_size, truncate)
+    else:
+        dataset = CharDataset.from_token_file(open_text(path, config, key), config.block_size, truncate)
     if len(dataset) == 0:
-        raise DataError(
-            f"data_config.block_size={config.block_size} is not smaller than the text "
-            f"({dataset.num_chars} {dataset.unit} after truncate={config.truncate}); "
-            "lower data_config.block_size or raise data_config.truncate"
-        )
+        raise too_short(dataset, path, key, config.block_size, truncate)
     return dataset
 
 
+def vocabulary_of_shards(choice: TokenizerChoice) -> Vocabulary:
+    """Shards hold ids, not text: their vocabulary is the tokenizer.json that made them."""
+    if choice.file is None:
+        raise DataError(f"data_config.tokenizer: pre-tokenized shards hold token ids, and {choice.name} "
+                        "would make a vocabulary of a text; set data_config.tokenizer to the tokenizer.json "
+                        "that made the shards (GPT-2's for llm.c's FineWeb shards)")
+    return Vocabulary.from_json(choice.file.json)
+
+
+def open_text(path: str, config: DataConfig, key: str) -> TokenFile:
+    """A text's token file, made by prepare_corpus."""
+    choice = text_tokenizer(config, key)
+    tokens = open_token_file(token_file_for(path, config.cache_dir, choice))
+    if tokens.settings != choice.settings():  # another run, of other settings, made it meanwhile
+        raise DataError(f"token file {tokens.path} was made again by another run, for other tokenizer "
+                        "settings; run one tokenizer setting per text at a time, then start again")
+    return tokens
+
+
+def too_short(dataset: CharDataset, path: str, key: str, block_size: int, truncate: float) -> DataError:
+    """No window fits: block_size + 1 tokens are more than the data holds."""
+    if dataset.shards is None and key == PATH_KEY:  # the text's own words, as they always were
+        return DataError(
+            f"data_config.block_size={block_size} is not smaller than the text "
+            f"({dataset.num_chars} {dataset.unit} after truncate={truncate}); "
+            "lower data_config.block_size or raise data_config.truncate"
+        )
+    shards = f"{dataset.shards.describe()}, " if dataset.shards is not None else ""
+    kept = f" after truncate={truncate}" if truncate < 1 else ""
+    return DataError(f"{key}: {path} ({shards}{dataset.num_chars:,} {dataset.unit}{kept}) is too short for "
+                     f"one window of data_config.block_size={block_size} + 1 {dataset.unit}; lower "
+                     "data_config.block_size or give more data")
+
+
 def prepare_corpus(config: DataConfig) -> None:
-    """Make (or check) the text's token file, reading the text once, from wherever it is.
+    """Make (or check) the token file of each text (path, and val_path if set), reading the text
+    once, from wherever it is. Shards need nothing: open_corpus checks them as it maps them.
 
     Call it on one process per machine and make the others wait: the token file is shared by every
     process of the machine through the page cache.
     """
-    prepare(config.path, config.cache_dir, config.tokenizer_choice)
+    texts = [(key, path) for key, path in ((PATH_KEY, config.path), (VAL_PATH_KEY, config.val_path))
+             if path is not None and not names_shards(path, config.format)]
+    choices = [text_tokenizer(config, key) for key, _ in texts]  # every refusal before anything is made
+    for (_, path), choice in zip(texts, choices):
+        prepare(path, config.cache_dir, choice)
 
 
-def split_dataset(dataset: CharDataset, config: DataConfig, seed: int) -> tuple[Split, Split]:
-    """Train and test splits, identical on every rank for the same seed."""
+def text_tokenizer(config: DataConfig, key: str) -> TokenizerChoice:
+    """What makes a text's ids: data_config.tokenizer; for a val_path text, a tokenizer.json only
+    (characters, or a BPE trained on the text, would give it a vocabulary of its own, not path's)."""
+    choice = config.tokenizer_choice
+    if key == VAL_PATH_KEY and choice.file is None:
+        raise DataError(f"{key}: a text of its own needs data_config.tokenizer set to a tokenizer.json (with "
+                        f"{choice.name}, each text would have a vocabulary of its own)")
+    return choice
+
+
+def split_dataset(dataset: CharDataset, config: DataConfig, seed: int,
+                  validation: Optional[CharDataset] = None) -> tuple[Split, Split]:
+    """Train and test splits, identical on every rank for the same seed. With a validation set
+    (data_config.val_path), all of dataset trains and all of validation tests."""
+    if validation is not None:
+        return Split(dataset, 0, len(dataset)), Split(validation, 0, len(validation))
     if config.split == "random":
         # The original's random_split: a seeded permutation of all samples, cut at train_split.
         train_len = int(len(dataset) * config.train_split)

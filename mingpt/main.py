@@ -77,22 +77,26 @@ ConfigStore.instance().store(name="train_config_schema", node=TrainConfig)
 OmegaConf.register_new_resolver("repo_path", lambda relative: str(REPO_ROOT / relative), replace=True)
 
 
-def load_dataset(config: DataConfig, env: DistEnv) -> CharDataset:
-    """One process per machine fetches the default corpus if it is missing and makes its token
-    file; the others wait, then every process maps that file."""
+def load_dataset(config: DataConfig, env: DistEnv) -> tuple[CharDataset, Optional[CharDataset]]:
+    """One process per machine makes the token file of each text (path, val_path); the others wait,
+    then every process maps those files, or the shards. The data of path, and of val_path if set."""
     if env.is_local_main:
         prepare_corpus(config)
     barrier()
     dataset = open_corpus(config)
+    validation = open_corpus(config, validation=True) if config.val_path else None
     if dataset.num_chars < dataset.text_length and Path(config.path) != DEFAULT_CORPUS:
         warn_once(f"data_config.truncate={config.truncate:g} keeps the first {dataset.num_chars:,} of the "
                   f"text's {dataset.text_length:,} {dataset.unit} (the original's setting, made for "
                   "tiny-shakespeare); data_config.truncate=1.0 trains on all of it")
-    if dataset.vocabulary.is_char:
+    if dataset.shards is not None:
+        log.info(f"Data: {dataset.shards.describe()}, {dataset.num_chars:,} tokens of a vocabulary of "
+                 f"{dataset.vocab_size:,}")
+    elif dataset.vocabulary.is_char:
         log.info(f"Data has {dataset.num_chars} characters, {dataset.vocab_size} unique.")
     else:
         log.info(f"Data has {dataset.num_chars} tokens, of a BPE vocabulary of {dataset.vocab_size}.")
-    return dataset
+    return dataset, validation
 
 
 def train(config: TrainConfig) -> None:
@@ -122,8 +126,8 @@ def build(config: TrainConfig, env: DistEnv) -> tuple[Trainer, list[str]]:
     Trainer that places them; what is about to run, as startup_summary says it."""
     folder = open_folder(config.gpt_config.init_from) if config.gpt_config.init_from else None
     data_config = tokenized_by(folder, config.data_config)
-    dataset = load_dataset(data_config, env)
-    train_set, test_set = split_dataset(dataset, data_config, config.trainer_config.seed)
+    dataset, validation = load_dataset(data_config, env)
+    train_set, test_set = split_dataset(dataset, data_config, config.trainer_config.seed, validation)
     gpt_config = folder.model_config(config.gpt_config) if folder else config.gpt_config
     gpt_config = replace(gpt_config, vocab_size=dataset.vocab_size, block_size=dataset.block_size)
     with torch.device("meta"):  # shapes only: the Trainer fills in what this rank holds (parallel.py)
@@ -152,11 +156,19 @@ def startup_summary(config: TrainConfig, dataset: CharDataset, train_set, test_s
     evaluation = (f"every {tc.eval_every_steps} steps" if tc.eval_every_steps else "every epoch") + (
         f" on {tc.eval_batches} batch(es) per process" if tc.eval_batches else "")
     *model_to_batch, snapshots = trainer.summary()
-    data_line = (f"Data: {data.path}, {dataset.kept}, "
-                 f"vocabulary of {dataset.vocab_size}; "
-                 f"{len(train_set):,} train and {len(test_set):,} test samples ({data.split} split); "
+    validation = f"; validation {described(data.val_path, test_set.dataset)}" if data.val_path else ""
+    split = "data_config.val_path" if data.val_path else f"{data.split} split"
+    data_line = (f"Data: {described(data.path, dataset)}, "
+                 f"vocabulary of {dataset.vocab_size}{validation}; "
+                 f"{len(train_set):,} train and {len(test_set):,} test samples ({split}); "
                  f"evaluation {evaluation}")
     return [*model_to_batch, data_line, snapshots]
+
+
+def described(path: str, dataset: CharDataset) -> str:
+    """A data path and what of it is read: "input.txt, 55,769 characters", or its shards."""
+    shards = f" in {dataset.shards.describe()}" if dataset.shards is not None else ""
+    return f"{path}, {dataset.kept}{shards}"
 
 
 @hydra.main(version_base=None, config_path=".", config_name="gpt2_train_cfg")

@@ -5,6 +5,7 @@ import http.server
 import os
 import random
 import re
+import struct
 import subprocess
 import sys
 import threading
@@ -64,6 +65,27 @@ def gpt2_logits(folder: Path, ids: torch.Tensor) -> torch.Tensor:
     model = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
     with torch.no_grad():
         return model(ids).logits
+
+
+LLMC_MAGIC = 20240520
+"""llm.c's GPT-2 shards (dev/data/data_common.py); written here byte by byte, not by mingpt's code."""
+
+
+def write_llmc_shard(path: Path, ids, magic: int = LLMC_MAGIC, version: int = 1, count: Optional[int] = None,
+                     id_format: str = "H") -> Path:
+    """An llm.c shard as llm.c writes it: 256 little-endian int32 (magic, version, token count, zeros),
+    then the ids (uint16, "H"; "I" for uint32). count: what the header claims (the ids' number)."""
+    ids = [int(i) for i in ids]
+    header = struct.pack("<3i", magic, version, len(ids) if count is None else count) + bytes(253 * 4)
+    path.write_bytes(header + struct.pack(f"<{len(ids)}{id_format}", *ids))
+    return path
+
+
+def write_nanogpt_shard(path: Path, ids) -> Path:
+    """A nanoGPT prepare.py file: the uint16 ids, little-endian, nothing else."""
+    ids = [int(i) for i in ids]
+    path.write_bytes(struct.pack(f"<{len(ids)}H", *ids))
+    return path
 
 
 def tiny_overrides(text_file: Path, snapshot: Path, **extra) -> list[str]:

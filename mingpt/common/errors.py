@@ -93,7 +93,18 @@ def short_reason(error: BaseException) -> str:
 
 def say_error(error: MinGPTError, origin: str = "") -> None:
     """The one line a user sees: `error: [origin] what is wrong; what to do`."""
-    print(f"error: {origin}{error}", file=sys.stderr, flush=True)
+    print(f"error: {origin}{own_line(error)}", file=sys.stderr, flush=True)
+
+
+def own_line(error: MinGPTError) -> str:
+    """What the error says. torch's DataLoader raises an error of one of its worker processes again
+    in the training process, of the same kind but with a message of its own ("Caught DataError in
+    DataLoader worker process 0.", then the worker's traceback): the error's own line is its last,
+    after "mingpt.common.errors.DataError: "."""
+    text = str(error)
+    if text.startswith("Caught ") and "\nOriginal Traceback" in text:
+        return text.rstrip().splitlines()[-1].split(": ", 1)[-1]
+    return text
 
 
 def command(body: Callable[..., Result]) -> Callable[..., Result]:
