@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 
 from mingpt.common.errors import DataError, check, check_choice, check_positive
 from mingpt.tokens.permutation import Permutation
-from mingpt.tokens.shards import AUTO, SHARD_FORMATS, TEXT, ShardStream, names_shards, open_shards
+from mingpt.tokens.shards import AUTO, FORMATS, ShardStream, names_shards, open_shards
 from mingpt.tokens.token_file import TokenFile, encode_text, open_token_file, prepare, token_file_for
 from mingpt.tokens.tokenizer import (
     DEFAULT_SAMPLE_MB,
@@ -35,7 +35,6 @@ DEFAULT_CORPUS = REPO_ROOT / "data" / "input.txt"
 """tiny-shakespeare, committed as the original commits it: the default trains with no network."""
 
 SPLITS = ("random", "contiguous")
-FORMATS = (AUTO, TEXT, *SHARD_FORMATS)
 PATH_KEY, VAL_PATH_KEY = "data_config.path", "data_config.val_path"
 
 

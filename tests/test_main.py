@@ -24,6 +24,7 @@ from helpers import (
     run_main_in_process,
     sha256,
     tiny_overrides,
+    write_llmc_shard,
 )
 from state_equality import assert_same_state
 
@@ -377,6 +378,47 @@ def test_a_bpe_run_resumes_bit_for_bit_and_its_snapshot_speaks(text_file, tmp_pa
     as_characters = run_main_in_process(characters, capsys)
     assert "is of another model: vocab_size=300 (config: 37)" in one_error_line(as_characters)
     assert sha256(last[1]) == before
+
+
+def test_a_run_on_llmc_shards_with_their_own_validation_resumes_bit_for_bit(text_file, tmp_path, capsys,
+                                                                            one_torch_thread):
+    """Three llm.c shards of a 300-token BPE to train on (windows straddle them) and one to evaluate
+    on, as FineWeb ships them: 6 steps unbroken, and from the step-3 snapshot alone, end alike; start-up
+    names the shards. The same shards with the characters' tokenizer are refused in one line."""
+    from mingpt.tokens.tokenizer import train_bpe
+
+    tokenizer = train_bpe(iter([text_file.read_text()]), vocab_size=300)
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    ids = tokenizer.encode(text_file.read_text()).ids
+    shards = tmp_path / "fineweb10B"
+    shards.mkdir()
+    for i, first in enumerate(range(0, 1200, 400)):
+        write_llmc_shard(shards / f"fineweb_train_{i:06d}.bin", ids[first:first + 400])
+    write_llmc_shard(shards / "fineweb_val_000000.bin", ids[1200:])
+    settings = dict(data_config__val_path=shards / "fineweb_val_*.bin", data_config__tokenizer=tmp_path /
+                    "tokenizer.json", trainer_config__max_steps=6, trainer_config__save_every_steps=3,
+                    trainer_config__eval_every_steps=3, trainer_config__eval_batches=2)
+    unbroken = run_main_in_process(tiny_overrides(shards / "fineweb_train_*.bin", tmp_path / "a", **settings),
+                                   capsys)
+    assert_ok(unbroken)
+    assert "Data: 3 llm.c shards, 1,200 tokens of a vocabulary of 300\n" in unbroken.stdout
+    assert (f"Data: {shards}/fineweb_train_*.bin, 1,200 tokens in 3 llm.c shards, vocabulary of 300; "
+            f"validation {shards}/fineweb_val_*.bin, {len(ids) - 1200:,} tokens in 1 llm.c shard; "
+            f"1,184 train and {len(ids) - 1216:,} test samples (data_config.val_path)") in unbroken.stdout
+    assert "| Eval Loss" in unbroken.stdout
+    (tmp_path / "b").mkdir()
+    shutil.copy(tmp_path / "a" / "snapshot_000000003.pt", tmp_path / "b")
+    resumed = run_main_in_process(tiny_overrides(shards / "fineweb_train_*.bin", tmp_path / "b", **settings),
+                                  capsys)
+    assert_ok(resumed)
+    assert "Resuming training from snapshot at Epoch 0 (step 3" in resumed.stdout
+    last = [folder / "snapshot_000000006.pt" for folder in (tmp_path / "a", tmp_path / "b")]
+    assert_same_state(final_state(last[1]), final_state(last[0]))
+
+    characters = tiny_overrides(shards / "fineweb_train_*.bin", tmp_path / "c")
+    refused = one_error_line(run_main_in_process(characters, capsys))
+    assert "set data_config.tokenizer to the tokenizer.json that made the shards" in refused
+    assert not (tmp_path / "c").exists()
 
 
 def test_truncating_a_users_own_text_is_said(text_file, tmp_path, capsys, one_torch_thread):

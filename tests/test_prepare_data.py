@@ -2,7 +2,10 @@
 import re
 import sys
 
-from helpers import MINGPT, REPO, make_text, run
+import pytest
+from helpers import MINGPT, REPO, make_text, run, write_llmc_shard
+
+from mingpt import prepare_data
 
 
 def write(path, text: str) -> str:
@@ -27,3 +30,22 @@ def test_cli_errors_are_one_line_and_exit_1(tmp_path):
     assert re.fullmatch(r"error: data_config.path: no such file .*\n", result.stderr)
     result = run([sys.executable, MINGPT / "prepare_data.py"], cwd=REPO)
     assert result.returncode == 1 and result.stderr.startswith("error: ") and "see --help" in result.stderr
+
+
+def test_shards_need_nothing_but_their_headers_are_checked(tmp_path, capsys):
+    """In this process (the command's shell is the same): nothing is written beside the shards."""
+    for i in range(2):
+        write_llmc_shard(tmp_path / f"fineweb_train_{i:06d}.bin", range(100))
+    pattern = str(tmp_path / "fineweb_train_*.bin")
+    prepare_data.main([pattern])
+    said = capsys.readouterr().out
+    assert said == f"nothing to prepare: {pattern} is 2 llm.c shards, 200 tokens, read as they lie " \
+                   "(headers checked)\n"
+    assert len(list(tmp_path.iterdir())) == 2
+    write_llmc_shard(tmp_path / "fineweb_train_000002.bin", range(100), version=2)
+    with pytest.raises(SystemExit) as refused:
+        prepare_data.main([pattern])
+    error = capsys.readouterr().err
+    assert refused.value.code == 1 and error.count("\n") == 1
+    bad = tmp_path / "fineweb_train_000002.bin"
+    assert error.startswith(f"error: data_config.path: {bad} is of version 2 ")

@@ -34,6 +34,8 @@ LLMC, NANOGPT = "llmc", "nanogpt"
 SHARD_FORMATS = (LLMC, NANOGPT)
 FORMAT_NAMES = {LLMC: "llm.c", NANOGPT: "nanoGPT"}
 TEXT, AUTO = "text", "auto"
+FORMATS = (AUTO, TEXT, *SHARD_FORMATS)
+"""data_config.format's choices."""
 SUFFIX = ".bin"
 """The suffix of both formats' files: a folder's shards are its .bin files."""
 HEADER_INTS = 256
@@ -101,6 +103,8 @@ class ShardStream:
         """Where each shard starts in the stream, and (last) the stream's end."""
         self.length = int(self.starts[-1]) if length is None else length
         self._maps = maps if maps is not None else [map_ids(shard) for shard in shards]
+        self.scanned = False
+        """Every id was checked against the vocabulary (scan)."""
 
     def __getstate__(self) -> dict:
         """Pickled (a DataLoader worker that is not forked) as its shards, never as their ids."""
@@ -176,6 +180,7 @@ class ShardStream:
             if int(ids.max()) >= self.vocab_size:
                 where = int(np.flatnonzero(ids >= self.vocab_size)[0])
                 raise self.beyond_vocabulary(shard, int(ids[where]), where)
+        self.scanned = True
 
 
 def map_ids(shard: Shard) -> np.memmap:

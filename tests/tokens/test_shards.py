@@ -96,7 +96,8 @@ def test_windows_straddle_shards_in_sorted_name_order(tmp_path, ids, tokenizer):
     for row, start in zip(windows, starts):
         assert np.array_equal(row.numpy(), ids[start:start + 17])
     x, y = dataset[torch.tensor([495])]
-    assert dataset.decode(x[0]) + dataset.decode(y[0][-1:]) == dataset.vocabulary.decode(ids[495:512].tolist())
+    decoded = dataset.decode(x[0]) + dataset.decode(y[0][-1:])
+    assert decoded == dataset.vocabulary.decode(ids[495:512].tolist())
 
 
 def test_a_glob_and_a_folder_name_the_same_set(tmp_path, ids, tokenizer):
@@ -192,32 +193,32 @@ def bad_set(tmp_path: Path, ids: np.ndarray, case: str) -> tuple[str, dict]:
 
 
 BAD_INPUTS = {
-    "wrong magic": "data_config.path: {shard} is not an llm.c shard: its header starts with ",
-    "unknown version": "data_config.path: {shard} is of version 2 of llm.c's format (magic 20240520), which "
-                       "this project does not read; it reads version 1 (uint16 ids)",
-    "truncated": "data_config.path: {shard} is 3,024 bytes where its header says 3,026 (1,024 + 1,001 ids of "
-                 "2 bytes): truncated; fetch it again",
-    "shorter than a header": "data_config.path: {shard} is 100 bytes, shorter than llm.c's 1,024-byte header: "
-                             "a truncated shard",
-    "odd length": "data_config.path: {shard} is 1,999 bytes, an odd length where nanoGPT's .bin holds 2-byte ids",
-    "empty shard": "data_config.path: {shard} holds no tokens",
-    "empty folder": "data_config.path: the folder {folder} holds no .bin shards",
-    "glob matching nothing": "data_config.path: the glob {folder}/fineweb_train_*.bin matches no file",
-    "mixed formats": "data_config.path: mixed formats in one set: {shard} is llm.c (uint16 ids), "
-                     "{folder}/train_000001.bin nanoGPT (uint16 ids); give the shards of one format",
-    "llm.c shard named nanogpt": "data_config.path: {shard} starts with llm.c's magic 20240520: it is an llm.c "
-                                 "shard, not raw nanoGPT ids; use data_config.format=llmc (or auto)",
-    "a text among shards": "data_config.path: {folder}/notes.txt is neither an llm.c shard (no magic number) "
-                           "nor a .bin file of nanoGPT's",
-    "too short for one window": "data_config.path: {shard} (1 llm.c shard, 16 tokens) is too short for one "
-                                "window of data_config.block_size=16 + 1 tokens",
-    "ids beyond the vocabulary": "data_config.path: {shard} holds the id 300 (at token 7), beyond the vocabulary "
-                                 "of 300 of data_config.tokenizer; give the tokenizer.json that made the shards",
-    "char tokenizer": "data_config.tokenizer: pre-tokenized shards hold token ids, and char would make a "
-                      "vocabulary of a text; set data_config.tokenizer to the tokenizer.json that made the shards",
-    "remote": "data_config.path: s3://bucket/fineweb_train_*.bin: remote shards are not supported yet; copy them "
-              "locally",
+    "wrong magic": "{shard} is not an llm.c shard: its header starts with ",
+    "unknown version": "{shard} is of version 2 of llm.c's format (magic 20240520), which this project does "
+                       "not read; it reads version 1 (uint16 ids)",
+    "truncated": "{shard} is 3,024 bytes where its header says 3,026 (1,024 + 1,001 ids of 2 bytes): "
+                 "truncated; fetch it again",
+    "shorter than a header": "{shard} is 100 bytes, shorter than llm.c's 1,024-byte header: a truncated "
+                             "shard",
+    "odd length": "{shard} is 1,999 bytes, an odd length where nanoGPT's .bin holds 2-byte ids",
+    "empty shard": "{shard} holds no tokens",
+    "empty folder": "the folder {folder} holds no .bin shards",
+    "glob matching nothing": "the glob {folder}/fineweb_train_*.bin matches no file",
+    "mixed formats": "mixed formats in one set: {shard} is llm.c (uint16 ids), {folder}/train_000001.bin "
+                     "nanoGPT (uint16 ids); give the shards of one format",
+    "llm.c shard named nanogpt": "{shard} starts with llm.c's magic 20240520: it is an llm.c shard, not raw "
+                                 "nanoGPT ids; use data_config.format=llmc (or auto)",
+    "a text among shards": "{folder}/notes.txt is neither an llm.c shard (no magic number) nor a .bin file "
+                           "of nanoGPT's",
+    "too short for one window": "{shard} (1 llm.c shard, 16 tokens) is too short for one window of "
+                                "data_config.block_size=16 + 1 tokens",
+    "ids beyond the vocabulary": "{shard} holds the id 300 (at token 7), beyond the vocabulary of 300 of "
+                                 "data_config.tokenizer; give the tokenizer.json that made the shards",
+    "char tokenizer": "pre-tokenized shards hold token ids, and char would make a vocabulary of a text; set "
+                      "data_config.tokenizer to the tokenizer.json that made the shards",
+    "remote": "s3://bucket/fineweb_train_*.bin: remote shards are not supported yet; copy them locally",
 }
+"""What each bad input is refused with, after the key it names (data_config.path; the tokenizer's)."""
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
@@ -232,7 +233,9 @@ def test_bad_shards_are_one_line_and_nothing_is_written(tmp_path, ids, tokenizer
         open_corpus(data)
     message = str(refused.value)
     folder = tmp_path / "set"
-    assert message.startswith(BAD_INPUTS[case].format(shard=folder / "train_000000.bin", folder=folder))
+    key = "data_config.tokenizer" if case == "char tokenizer" else "data_config.path"
+    expected = BAD_INPUTS[case].format(shard=folder / "train_000000.bin", folder=folder)
+    assert message.startswith(f"{key}: {expected}")
     assert "\n" not in message and sorted(tmp_path.rglob("*")) == before
 
 
@@ -240,7 +243,7 @@ def test_a_val_text_needs_a_tokenizer_json(tmp_path, ids, tokenizer):
     val = tmp_path / "val.txt"
     val.write_text(make_text(500))
     data = DataConfig(path=str(llmc_set(tmp_path / "set", ids)), val_path=str(val), block_size=16)
-    with pytest.raises(DataError, match=r"^data_config.val_path: a text of its own needs data_config.tokenizer "):
+    with pytest.raises(DataError, match=r"^data_config.val_path: a text of its own needs data_config.tok"):
         prepare_corpus(data)
     assert not list(tmp_path.glob("val.txt.*"))  # no token file made before the refusal
 
