@@ -324,6 +324,11 @@ class GPT(nn.Module):
         return (f"GPT {params / 1e6:.2f}M parameters ({cfg.n_layer} layers, {cfg.n_head} heads, "
                 f"{cfg.n_embd} wide, block {cfg.block_size})")
 
+    def input_parameters(self) -> list[nn.Parameter]:
+        """The embeddings: the forward pass uses them first, so backward computes their gradients
+        last (a rank's arrival at the gradient synchronisation: distributed/stragglers.py)."""
+        return [self.tok_emb.weight, self.pos_emb.weight]
+
     def flops_per_token(self) -> int:
         """Training FLOPs per token: 6 per matmul weight, plus causal attention.
 

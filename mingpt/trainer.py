@@ -21,6 +21,7 @@ from mingpt.distributed import control, parallel
 from mingpt.distributed.activation_checkpointing import CHECKPOINTING_MODES, checkpoint_blocks
 from mingpt.distributed.precision import AMP_DTYPES, resolve_precision
 from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, all_reduce_sum, rank_zeros
+from mingpt.distributed.stragglers import StepClock
 from mingpt.distributed.watchdog import RunWatchdog
 from mingpt.model import OptimizerConfig, create_optimizer, learning_rate_at, set_learning_rate
 from mingpt.planning.memory import Placement, check_memory, plan_memory
@@ -172,16 +173,20 @@ class Trainer:
             config.data_loader_workers, config.seed, env, control.handled_signals(config.stop_signals))
         self.checkpointer = Checkpointer(config.snapshot_policy(), env, vocab)
         self.divergence = control.DivergenceWatch(env.device, scaled=self.scaler.is_enabled())
+        clock = StepClock(env.device)
+        clock.time_arrival_at(parallel.unwrap(self.model).input_parameters())
         self.watch = RunWatchdog(env.rank, env.world_size, config.hang_timeout_s, self.checkpointer.folder,
-                                 self.checkpointer.kept)
-        """Where this rank is, for the others to see (its thread runs inside train())."""
+                                 self.checkpointer.kept, clock)
+        """Where this rank is and how long its steps take, for the others to see (its thread runs
+        inside train())."""
         self.agreement: Optional[control.StepAgreement] = None
         """Stop signals and the snapshot timer, from train() on (closed when it ends)."""
         self.progress = self.checkpointer.resume(self.model, self.optimizer, self.scaler)
         self.steps_per_epoch = len(self.train_loader)
         self.total_steps = self._planned_steps()
         self.report = RunReport.open(config.report_settings(), env, self.precision.matmul_dtype,
-                                     model.flops_per_token(), self.total_steps, self.progress.step)
+                                     model.flops_per_token(), self.total_steps, self.progress.step,
+                                     self.watch.rank_times)
 
     def _place(self, model: nn.Module) -> None:
         """Check that the training state fits, then wrap the meta-device model for the configured

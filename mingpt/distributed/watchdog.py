@@ -31,6 +31,7 @@ from typing import Callable, Optional
 import torch.distributed as dist
 
 from mingpt.common import files
+from mingpt.distributed.stragglers import StepClock, StepTimes
 
 PHASES = ("data", "forward", "backward", "optimizer", "snapshot", "evaluation")
 """In the order a step meets them: a step's data to its optimizer step, then what follows the step."""
@@ -67,6 +68,8 @@ class Seen:
     pid: int
     heard_at: float
     moved_at: float
+    times: StepTimes = StepTimes()
+    """Its running step times (stragglers.py)."""
 
 
 def hang_verdict(seen: dict[int, Seen], now: float, timeout_s: float) -> Optional[str]:
@@ -102,8 +105,12 @@ class RunWatchdog:
     """One rank's watch over the run (a context: the thread runs inside it)."""
 
     def __init__(self, rank: int, world_size: int, timeout_s: float, report_folder: str,
-                 kept: Callable[[], str]):
+                 kept: Callable[[], str], clock: StepClock):
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
+        self.clock = clock
+        """This rank's step times, kept by at() and posted with its position."""
+        self.seen: dict[int, Seen] = {}
+        """Every rank as this rank's thread last read them (once all have posted)."""
         self.report_folder = report_folder
         self.kept = kept
         """What the run leaves to resume from, for the line (Checkpointer.kept)."""
@@ -125,6 +132,17 @@ class RunWatchdog:
     def at(self, phase: str, step: int, item: int = 0) -> None:
         """The training thread's position: phase of step (IN_STEP phases: the step being taken)."""
         self.position = Position(step, phase, item)
+        if phase == "data":
+            self.clock.waiting_for_data()
+        elif phase == "forward" and item == 0:
+            self.clock.computing()
+        elif phase == "optimizer":
+            self.clock.step_done()
+
+    def rank_times(self) -> tuple[dict[int, StepTimes], dict[int, str]]:
+        """Every rank's step times and host, as last read (empty before every rank has posted)."""
+        seen = dict(self.seen)
+        return {rank: s.times for rank, s in seen.items()}, {rank: s.host for rank, s in seen.items()}
 
     def __enter__(self) -> "RunWatchdog":
         if self.active:
@@ -139,7 +157,6 @@ class RunWatchdog:
         self._stop.set()
 
     def _watch(self) -> None:
-        seen: dict[int, Seen] = {}
         heartbeat, unanswered_since = 0, None
         while not self._stop.wait(self.interval_s):
             if os.getppid() != self._parent:
@@ -148,7 +165,7 @@ class RunWatchdog:
             try:
                 heartbeat += 1
                 self._post(heartbeat)
-                verdict = self._verdict_posted() or self._judge(seen)
+                verdict = self._verdict_posted() or self._judge()
                 unanswered_since = None
             except (RuntimeError, OSError, dist.DistStoreError) as error:
                 unanswered_since = unanswered_since or time.monotonic()
@@ -161,21 +178,23 @@ class RunWatchdog:
                 self._report(verdict)
 
     def _post(self, heartbeat: int) -> None:
-        position = self.position
+        position, times = self.position, self.clock.times
         self._store.set(f"{self._key}/{self.rank}", json.dumps(
-            [heartbeat, position.step, position.phase, position.item, socket.gethostname(), os.getpid()]))
+            [heartbeat, position.step, position.phase, position.item, socket.gethostname(), os.getpid(),
+             times.steps, times.data_s, times.compute_s]))
 
-    def _judge(self, seen: dict[int, Seen]) -> Optional[str]:
+    def _judge(self) -> Optional[str]:
         keys = [f"{self._key}/{rank}" for rank in range(self.world_size)]
         if not self._store.check(keys):
             return None  # not every rank has started watching yet
-        now = time.monotonic()
+        now, seen = time.monotonic(), self.seen
         for rank, raw in enumerate(self._store.multi_get(keys)):
-            heartbeat, step, phase, item, host, pid = json.loads(raw)
+            heartbeat, step, phase, item, host, pid, *times = json.loads(raw)
             position, before = Position(step, phase, item), seen.get(rank)
             if before is None:
-                seen[rank] = Seen(position, heartbeat, host, pid, now, now)
+                seen[rank] = Seen(position, heartbeat, host, pid, now, now, StepTimes(*times))
                 continue
+            before.times = StepTimes(*times)
             if heartbeat != before.heartbeat:
                 before.heartbeat, before.heard_at = heartbeat, now
             if position != before.position:

@@ -65,9 +65,10 @@ class MetricsLog:
         files.write_atomically(self._appended_to, lambda f: f.write(kept.encode()))
         self.publish()
 
-    def record(self, kind: str, loss: torch.Tensor, **fields: Any) -> None:
+    def record(self, kind: str, loss: Optional[torch.Tensor] = None, **fields: Any) -> None:
         if self.active:
-            self._pending.append({"kind": kind, **fields, "loss": loss.detach()})
+            losses = {} if loss is None else {"loss": loss.detach()}  # a "ranks" line has none
+            self._pending.append({"kind": kind, **fields, **losses})
 
     def flush(self) -> None:
         if not self._pending:
@@ -124,7 +125,7 @@ def on_the_host(pending: list[dict[str, Any]]) -> list[dict[str, Any]]:
     tensor_keys = [[key for key, value in line.items() if isinstance(value, torch.Tensor)]
                    for line in pending]
     tensors = [line[key].float() for line, keys in zip(pending, tensor_keys) for key in keys]
-    values = iter(torch.stack(tensors).tolist())
+    values = iter(torch.stack(tensors).tolist() if tensors else [])
     return [{**line, **{key: next(values) for key in keys}} for line, keys in zip(pending, tensor_keys)]
 
 

@@ -11,7 +11,7 @@ window's few steps.
 """
 import datetime
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -47,6 +47,8 @@ class TrainingMonitor:
         """Seconds and steps of every window so far: the ETA's rate."""
         self.long_run_hint = long_run_hint
         """Said once, when the first ETA is over LONG_RUN_S (a GPU-sized run on a CPU)."""
+        self.ranks_note: Callable[[int], str] = lambda step: ""
+        """What the progress line says of the ranks at a step (a slow one: stragglers.py), or ""."""
 
     def restart_window(self) -> None:
         """Measure afresh from the end of the next step: call before training starts or resumes
@@ -76,7 +78,8 @@ class TrainingMonitor:
         timed_s, timed_steps = self._timed[0] + elapsed, self._timed[1] + step - start_step
         self._timed = (timed_s, timed_steps)
         eta_s = max(self.total_steps - step, 0) * timed_s / timed_steps
-        show_status(self._line(epoch, step, loss_value, eta_s))
+        note = self.ranks_note(step)
+        show_status(self._line(epoch, step, loss_value, eta_s) + (f" | {note}" if note else ""))
         if self.long_run_hint and eta_s > LONG_RUN_S:
             log.info(f"This run will take about {format_eta(eta_s)} here; {self.long_run_hint}")
         self.long_run_hint = ""

@@ -10,12 +10,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
 from mingpt.common.logger import clear_status, log
 from mingpt.distributed.process_group import DistEnv
+from mingpt.distributed.stragglers import StepTimes, StragglerWatch
 from mingpt.reporting.flops import peak_flops
 from mingpt.reporting.metrics import MetricsLog, open_run_metrics
 from mingpt.reporting.monitor import TrainingMonitor, format_eta
@@ -44,10 +45,20 @@ def command_beside(script: str) -> str:
     return f"python {Path(sys.argv[0]).with_name(script)}"
 
 
+RankTimes = Callable[[], tuple[dict[int, StepTimes], dict[int, str]]]
+"""Every rank's running step times and host, as the watchdog last read them (RunWatchdog.rank_times)."""
+
+
 class RunReport:
-    def __init__(self, metrics: MetricsLog, monitor: TrainingMonitor, rank: int, log_every: int):
+    def __init__(self, metrics: MetricsLog, monitor: TrainingMonitor, rank: int, log_every: int,
+                 rank_times: RankTimes):
         self.metrics = metrics
         self.monitor = monitor
+        monitor.ranks_note = self._ranks_note
+        self.rank_times = rank_times
+        self.stragglers = StragglerWatch()
+        self.slow = ""
+        """The slow rank named in the latest window of every rank's step times, or ""."""
         self.rank = rank
         self.log_every = log_every
         self.started = time.monotonic()
@@ -61,7 +72,7 @@ class RunReport:
 
     @classmethod
     def open(cls, settings: ReportSettings, env: DistEnv, matmul_dtype: str, flops_per_token: int,
-             total_steps: int, resumed_step: int) -> "RunReport":
+             total_steps: int, resumed_step: int, rank_times: RankTimes) -> "RunReport":
         """The report of a run starting (or resuming) at resumed_step; rank 0's speaks and writes."""
         metrics = open_run_metrics(settings.metrics_path, check_folder=settings.metrics_folder_of_its_own,
                                    active=env.is_main)
@@ -73,7 +84,7 @@ class RunReport:
             interval_s=settings.progress_interval_s, active=env.is_main,
             long_run_hint=f"for a run of minutes on a CPU: {command_beside('main.py')} --config-name laptop"
             if env.device.type == "cpu" else "")
-        return cls(metrics, monitor, env.rank, settings.log_every)
+        return cls(metrics, monitor, env.rank, settings.log_every, rank_times)
 
     def track(self, config: TrackerConfig, snapshot_folder: str, progress: Progress,
               run_config: dict[str, Any], summary: list[str]) -> None:
@@ -96,6 +107,15 @@ class RunReport:
                             tokens=progress.tokens, lr=lr, tokens_per_s=self.monitor.tokens_per_s,
                             mfu=self.monitor.mfu, grad_norm=grad_norm.detach())
         self.loss_line("Train", epoch, iteration, loss)
+
+    def _ranks_note(self, step: int) -> str:
+        """At a progress line: every rank's step times since the last window into the metrics, and
+        the slow rank, if one is, for the line."""
+        window = self.stragglers.window(step, *self.rank_times())
+        if window is not None:
+            self.metrics.record("ranks", **window.metrics())
+            self.slow = window.slow
+        return self.slow
 
     def loss_line(self, kind: str, epoch: int, iteration: int, loss: torch.Tensor) -> None:
         if iteration % self.log_every == 0:

@@ -100,8 +100,16 @@ def tracker_folder(config: TrackerConfig, snapshot_folder: str) -> str:
     return os.path.join(snapshot_folder, "trackers")
 
 
+RANK_VALUES = ("data_ms", "compute_ms")
+"""The per-rank fields of a "ranks" line (distributed/stragglers.py), as ranks/<rank>/<field>."""
+
+
 def tracked_values(line: dict[str, Any]) -> dict[str, float]:
-    """A metrics line's values under the names trackers show: train/loss, train/lr, eval/loss, ..."""
+    """A metrics line's values under the names trackers show: train/loss, train/lr, eval/loss, ...,
+    and each rank's step times: ranks/1/data_ms, ..."""
+    if line["kind"] == "ranks":
+        return {f"ranks/{rank}/{key}": float(value) for key in RANK_VALUES
+                for rank, value in enumerate(line.get(key, []))}
     return {f"{line['kind']}/{key}": float(line[key]) for key in TRACKED_VALUES if line.get(key) is not None}
 
 

@@ -307,9 +307,22 @@ def test_a_diverging_fsdp_run_on_two_ranks_stops_together_and_keeps_its_snapshot
 
 
 # A run that hangs by itself: a stopped rank named within hang_timeout_s, a long save not taken for
-# a hang, a dead launcher's ranks ending themselves (distributed/watchdog.py).
+# a hang, a dead launcher's ranks ending themselves (distributed/watchdog.py); a rank slower than the
+# others named with its phase, and none in a healthy stretch (distributed/stragglers.py).
 
 HANG_TIMEOUT_S = 4
+PROGRESS_S = 0.5
+SLOW_FROM = 30
+"""The step from which rank 1 is slowed down (SLOW in tests/workers/fault_injection.py)."""
+
+
+def named_slow(lines: list[str], phase: str) -> None:
+    """Progress lines before SLOW_FROM name no rank (a healthy run); a later one names rank 1 in phase."""
+    steps = [(re.match(r"epoch \d+/?\d* \| step (\d+)/", line), line) for line in lines]
+    healthy = [line for match, line in steps if match and int(match[1]) < SLOW_FROM]
+    assert healthy and not any("median step" in line for line in healthy), "".join(lines)
+    named = rf"\| rank 1 \(\S+\) is \d+\.\dx the others' median step: {phase}$"
+    assert re.search(named, lines[-1]), lines[-1]
 
 
 def rank_process(launcher: subprocess.Popen, rank: int) -> psutil.Process:
@@ -325,16 +338,24 @@ def test_a_stopped_rank_is_named_in_one_line_and_a_long_save_is_not_a_hang(text_
     """Rank 0's snapshot write at step 10 pauses twice hang_timeout_s (rank 1 waits for it: heard
     from, it is no hang); rank 1 is then SIGSTOPped (a rank stuck in I/O, a dead GPU, swapped out):
     rank 0 ends the run within the timeout and a few heartbeats, in one line, with a report, and the
-    snapshot of step 30 is as it was."""
+    snapshot of step 30 is as it was. Before that, rank 1 is slowed in its data loading from step
+    SLOW_FROM on: named so in the progress line."""
     snapshot = tmp_path / "snap.pt"
     overrides = tiny_overrides(text_file, snapshot, trainer_config__max_epochs=2, trainer_config__log_every=1,
                                trainer_config__save_every_steps=10,
+                               trainer_config__progress_interval_s=PROGRESS_S,
                                trainer_config__hang_timeout_s=HANG_TIMEOUT_S)
-    env = {"FAULT": "slow_write_at:10", "FAULT_RANK": "0", "SLOW_WRITE_S": str(2 * HANG_TIMEOUT_S)}
+    env = {"FAULT": "slow_write_at:10", "FAULT_RANK": "0", "SLOW_WRITE_S": str(2 * HANG_TIMEOUT_S),
+           "SLOW": f"data:0.04:{SLOW_FROM}"}
     command = [*TORCHRUN, "--standalone", "--nproc_per_node=2", WORKER_SCRIPTS / "fault_injection.py",
                *overrides]
-    process, seen = start_until(command, "| Iter 35 |", env)
+    process, seen = start_until(command, "median step", env)
+    named_slow(seen, "data loading")
     assert "Snapshot saved at step 10" in "".join(seen)  # the long save went by
+    for line in process.stdout:  # half-way between two snapshots
+        seen.append(line)
+        if re.search(r"\| Iter \d+5 \|", line):
+            break
     before = sha256(snapshot)
     stopped = rank_process(process, 1)
     stopped.suspend()
@@ -350,8 +371,9 @@ def test_a_stopped_rank_is_named_in_one_line_and_a_long_save_is_not_a_hang(text_
     said = [line for line in output.splitlines() if line.startswith("error:")]
     assert len(said) == 1, output
     assert re.match(rf"error: rank 1 \(host \S+, pid {stopped.pid}\) has not been heard from for \d+ s; it "
-                    r"was in step \d+'s .*; rank\(s\) 0 are waiting for it in step 3\d's .*; the last snapshot "
-                    r"\(step 30\) is kept as it was: .*snap\.pt; each rank's position and stacks: .*"
+                    r"was in step \d+'s .*; rank\(s\) 0 are waiting for it in step \d+'s .*; the last "
+                    r"snapshot "
+                    r"\(step \d+0\) is kept as it was: .*snap\.pt; each rank's position and stacks: .*"
                     r"hang_report\.txt$", said[0]), said[0]
     assert said_after < HANG_TIMEOUT_S + 8, said_after
     assert process.returncode == 1
@@ -363,11 +385,15 @@ def test_a_stopped_rank_is_named_in_one_line_and_a_long_save_is_not_a_hang(text_
 def test_ranks_whose_launcher_died_end_themselves(text_file, tmp_path):
     """torchrun SIGKILLed (the OOM killer, an operator's wrong pid): its workers, in sessions of their
     own, would train on as orphans; each ends within a few heartbeats, saying why (or, when the
-    other has ended first, losing contact with it in a collective)."""
+    other has ended first, losing contact with it in a collective). Before that, rank 1 is slowed in
+    its computation from step SLOW_FROM on: named so in the progress line."""
     overrides = tiny_overrides(text_file, tmp_path / "snap.pt", trainer_config__max_epochs=2,
+                               trainer_config__progress_interval_s=PROGRESS_S,
                                trainer_config__hang_timeout_s=HANG_TIMEOUT_S)
-    command = [*TORCHRUN, "--standalone", "--nproc_per_node=2", MAIN, *overrides]
-    process, _ = start_until(command, "| Iter 20 |")
+    command = [*TORCHRUN, "--standalone", "--nproc_per_node=2", WORKER_SCRIPTS / "fault_injection.py",
+               *overrides]
+    process, seen = start_until(command, "median step", {"SLOW": f"compute:0.04:{SLOW_FROM}"})
+    named_slow(seen, "computation")
     workers = [rank_process(process, rank) for rank in (0, 1)]
     process.kill()
     killed_at = time.monotonic()

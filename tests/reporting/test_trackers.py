@@ -72,12 +72,16 @@ def test_a_tracker_gets_each_line_once_with_its_values_by_kind(tmp_path, recordi
     metrics.trackers = Trackers(tracked_run(tmp_path, trackers=["recording"]))
     record_steps(metrics, [1, 2])
     metrics.record("eval", torch.tensor(0.25), epoch=1, step=2)
+    metrics.record("ranks", step=2, data_ms=[1.5, 9.0], compute_ms=[20.0, 21.0], slow="rank 1 ...")
     metrics.close()
     assert recording.last.logged == [
         (1, {"train/loss": 1.0, "train/lr": 1e-3, "train/grad_norm": 2.0}),
         (2, {"train/loss": 0.5, "train/lr": 1e-3, "train/grad_norm": 4.0}),
         (2, {"eval/loss": 0.25}),
+        (2, {"ranks/0/data_ms": 1.5, "ranks/1/data_ms": 9.0, "ranks/0/compute_ms": 20.0,
+             "ranks/1/compute_ms": 21.0}),
     ]
+    assert read_metrics(str(tmp_path / "m.jsonl"), "ranks")[0]["slow"] == "rank 1 ..."
     assert recording.last.outcome == "finished"
 
 

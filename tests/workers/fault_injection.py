@@ -3,6 +3,7 @@ point of training, and the samples each rank trains on recorded.
 
     FAULT=step:37 FAULT_RANK=1 torchrun ... tests/workers/fault_injection.py [hydra overrides]
     RECORD_SAMPLES=DIR python tests/workers/fault_injection.py [hydra overrides]
+    SLOW=data:0.04:30 SLOW_RANK=1 torchrun ... tests/workers/fault_injection.py [hydra overrides]
 
 FAULT is `step:N` (after optimizer step N), `eval:E` (as the eval pass of epoch E starts) or
 `snapshot_write:N` (half-way through writing the snapshot of step N: give FAULT_RANK=0, the
@@ -14,6 +15,10 @@ instead of killing. `slow_config:S`: reading the config takes S seconds longer (
 to start). `slow_write:N` makes every snapshot write from step N on pause SLOW_WRITE_S
 seconds half-way (a save that can be interrupted), `slow_write_at:N` only that of step N (a long
 save, as to S3); SLOW_WRITE_S in the environment sets the pause (default 30 s).
+
+SLOW is `PHASE:SECONDS:STEP`: from optimizer step STEP on, rank SLOW_RANK (default 1) sleeps
+SECONDS in each step's data loading (PHASE data: as its sampler hands out the batch) or computation
+(PHASE compute: in each forward pass), in every attempt: a straggler.
 
 RECORD_SAMPLES: each training batch a rank draws is appended to DIR/samples-rank<R>-<pid>.txt as
 `epoch index index ...` (split indices; run with data_loader_workers=0, so that nothing is drawn
@@ -149,6 +154,36 @@ def record_samples(folder: str) -> None:
     GlobalOrderSampler.__iter__ = recorded
 
 
+def slow_down(phase: str, seconds: float, first_step: int) -> None:
+    """Every step from first_step on takes seconds longer in phase (see SLOW)."""
+    import time
+
+    if phase == "compute":
+        original = Trainer.compute_loss
+
+        def compute_loss(self, *args):
+            if self.progress.step + 1 >= first_step:
+                time.sleep(seconds)
+            return original(self, *args)
+
+        Trainer.compute_loss = compute_loss
+        return
+    assert phase == "data", f"unknown SLOW phase {phase!r}"
+    original_iter = GlobalOrderSampler.__iter__
+    handed_out = 0  # training batches, so steps (one batch per step; data_loader_workers=0)
+
+    def slow_iter(self):
+        nonlocal handed_out
+        for batch in original_iter(self):
+            if self.shuffle:
+                handed_out += 1
+                if handed_out >= first_step:
+                    time.sleep(seconds)
+            yield batch
+
+    GlobalOrderSampler.__iter__ = slow_iter
+
+
 def fault_of_this_attempt() -> Optional[str]:
     """FAULT's entry for this torchrun attempt, if it is meant for this rank (FAULT_RANK's entry)."""
     faults = os.environ["FAULT"].split(",") if "FAULT" in os.environ else []
@@ -163,6 +198,9 @@ if __name__ == "__main__":
     fault = fault_of_this_attempt()
     if fault:
         plant(fault)
+    if "SLOW" in os.environ and os.environ.get("RANK", "0") == os.environ.get("SLOW_RANK", "1"):
+        phase, seconds, step = os.environ["SLOW"].split(":")
+        slow_down(phase, float(seconds), int(step))
     if "RECORD_SAMPLES" in os.environ:
         record_samples(os.environ["RECORD_SAMPLES"])
     # As a script, so that Hydra finds its config beside main.py.
