@@ -144,8 +144,10 @@ def cpu_peak_flops(dtype: str) -> float:
     path = cache_folder(None) / CPU_PEAKS_FILE
     try:
         peaks = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # none yet, or cut short or garbled: measured again and rewritten
         peaks = {}
+    if not isinstance(peaks, dict) or not all(isinstance(peak, (int, float)) for peak in peaks.values()):
+        peaks = {}  # valid JSON of another shape: as garbled
     if key not in peaks:
         peaks[key] = max(matmul_flops_by_size(CPU_DTYPES[dtype]).values())
         with contextlib.suppress(OSError):  # unwritable: measured again next time, nothing worse

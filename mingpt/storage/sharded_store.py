@@ -90,6 +90,8 @@ def _reason(error: BaseException) -> str:
     """The first rank's own error inside DCP's CheckpointException, in one line."""
     if isinstance(error, CheckpointException) and error.failures:
         error = next(iter(error.failures.values()))
+        if isinstance(error, tuple):  # (the exception, its traceback), as DCP wraps a rank's failure
+            error = error[0]
     return short_reason(error)
 
 
@@ -235,8 +237,9 @@ class ShardedSnapshotStore:
             optimizer_state = {"state": tensors["optimizer"], **info.optimizer_state}
             restore_optimizer_state(model, optimizer, optimizer_state)
         except DCP_ERRORS as e:
-            raise SnapshotError(f"sharded snapshot {folder} cannot be loaded ({_reason(e)}); move it "
-                                "away or set trainer_config.snapshot_path to another location") from None
+            earlier = f" (the run then resumes from {entries[-2]})" if len(entries) > 1 else ""
+            raise SnapshotError(f"sharded snapshot {folder} cannot be loaded ({_reason(e)}); move it away"
+                                f"{earlier} or set trainer_config.snapshot_path to another location") from None
         self._shards_step = info.step
         return info, folder
 

@@ -176,8 +176,31 @@ def test_settings_that_differ_only_in_what_memory_ignores_share_one_trace():
     from mingpt.planning.step_trace import canonical
 
     base = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=11, block_size=8)
-    alike = [replace(base, n_layer=6), replace(base, attn_pdrop=0.3, embd_pdrop=0.05), replace(base, init_from="x")]
+    alike = [replace(base, n_layer=6), replace(base, attn_pdrop=0.3, embd_pdrop=0.05),
+             replace(base, init_from="x")]
     keys = {canonical(TraceKey(config, "cpu", None, False, "none")) for config in (base, *alike)}
     assert len(keys) == 1
     for differs in (replace(base, resid_pdrop=0.0), replace(base, n_layer=1), replace(base, block_size=9)):
         assert canonical(TraceKey(differs, "cpu", None, False, "none")) not in keys
+
+
+@pytest.mark.parametrize("damage", [lambda text: text[: len(text) // 2], lambda text: "", lambda text: "[]"],
+                         ids=["cut", "emptied", "another-shape"])
+def test_a_damaged_cached_trace_is_traced_again_and_rewritten(monkeypatch, tmp_path, damage):
+    """A step trace cut short, emptied or garbled in the cache folder (a killed process, a full disk)
+    never stops a start: it is traced again, to the same figures, and rewritten whole."""
+    from mingpt.planning import step_trace
+
+    monkeypatch.setenv("MINGPT_CACHE_DIR", str(tmp_path))
+    key = TraceKey(SMALL, "cpu", None, False, "none")
+    step_trace._trace_step.cache_clear()
+    first = trace_step(key)
+    [cached] = (tmp_path / step_trace.TRACES_FOLDER).glob("*.json")
+    whole = cached.read_text()
+    cached.write_text(damage(whole))
+    step_trace._trace_step.cache_clear()  # a new process: the trace comes from the cache folder
+    try:
+        assert trace_step(key) == first
+    finally:
+        step_trace._trace_step.cache_clear()
+    assert cached.read_text() == whole

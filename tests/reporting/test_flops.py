@@ -1,4 +1,5 @@
 """flops.py: the peak MFU is held against, and MFU's one definition."""
+import json
 import math
 import time
 from types import SimpleNamespace
@@ -91,6 +92,19 @@ def test_cpu_peak_is_measured_in_the_dtype_asked_for_once_per_machine(monkeypatc
     assert measured == [torch.bfloat16, torch.float32]
     (tmp_path / flops.CPU_PEAKS_FILE).unlink()  # measured again once the cache is gone
     assert flops.cpu_peak_flops("fp32") == 2e9 and measured[-1] == torch.float32
+
+
+@pytest.mark.parametrize("damage", [
+    lambda text: text[: len(text) // 2], lambda text: "", lambda text: "[1, 2]", lambda text: '{"x": "y"}'],
+    ids=["cut", "emptied", "another-shape", "garbled-value"])
+def test_a_damaged_peaks_file_is_measured_again_and_rewritten(monkeypatch, tmp_path, damage):
+    monkeypatch.setenv("MINGPT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(flops, "matmul_flops_by_size", lambda dtype: {1024: 3e9})
+    assert flops.cpu_peak_flops("fp32") == 3e9
+    path = tmp_path / flops.CPU_PEAKS_FILE
+    path.write_text(damage(path.read_text()))
+    assert flops.cpu_peak_flops("fp32") == 3e9
+    assert list(json.loads(path.read_text()).values()) == [3e9]
 
 
 def test_mfu_is_one_device_rate_over_its_peak():

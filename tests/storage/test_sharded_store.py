@@ -86,7 +86,8 @@ def test_resumes_the_saved_values_at_the_same_world_size(sharded_run, saved, tex
     assert (folder / f"sharded_{SAVED_STEP + 2:09d}" / "info.pt").exists()
 
 
-def test_resumes_at_another_world_size_never_from_an_interrupted_save(sharded_run, saved, text_file, tmp_path):
+def test_resumes_at_another_world_size_never_from_an_interrupted_save(sharded_run, saved, text_file,
+                                                                      tmp_path):
     """One DDP process resumes FSDP's 2 shards, past a newer folder whose shards were being written
     (one cut short) and that has no info.pt yet."""
     folder = tmp_path / "run"
@@ -126,6 +127,25 @@ def test_converts_to_a_single_file_of_the_saved_values_that_resumes(sharded_run,
     assert "Resuming training from snapshot at Epoch 1" in result.stdout
     assert read_snapshot(str(single)).step == SAVED_STEP + 1
 
+
+
+def test_a_complete_snapshot_with_a_damaged_shard_is_refused_naming_the_one_before(sharded_run, text_file,
+                                                                                    tmp_path, capsys):
+    """A shard cut short after its folder was completed (a disk that lost its tail): one line with
+    the cause and the snapshot to fall back to, and nothing rewritten."""
+    folder = tmp_path / "run"
+    shutil.copytree(sharded_run, folder)
+    damaged = folder / "sharded_000000090"
+    shutil.copytree(folder / "sharded_000000085", damaged)
+    shard = damaged / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:100])
+    before = sha256(shard)
+    overrides = tiny_overrides(text_file, folder, trainer_config__max_epochs=2, **SHARDED)
+    line = one_error_line(run_main_in_process(overrides, capsys))
+    assert line.startswith(f"error: sharded snapshot {damaged} cannot be loaded (RuntimeError: "), line
+    assert line.endswith(f"move it away (the run then resumes from {folder / 'sharded_000000085'}) or set "
+                         "trainer_config.snapshot_path to another location"), line
+    assert sha256(shard) == before
 
 
 def test_metadata_that_would_run_code_is_refused(sharded_run, text_file, tmp_path, capsys):
