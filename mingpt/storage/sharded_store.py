@@ -239,7 +239,8 @@ class ShardedSnapshotStore:
         except DCP_ERRORS as e:
             earlier = f" (the run then resumes from {entries[-2]})" if len(entries) > 1 else ""
             raise SnapshotError(f"sharded snapshot {folder} cannot be loaded ({_reason(e)}); move it away"
-                                f"{earlier} or set trainer_config.snapshot_path to another location") from None
+                                f"{earlier} or set trainer_config.snapshot_path to another location"
+                                ) from None
         self._shards_step = info.step
         return info, folder
 
