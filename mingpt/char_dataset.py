@@ -10,6 +10,7 @@ tokens: a sample is block_size tokens, and "characters" below reads "tokens". Pr
 (llm.c's, nanoGPT's: tokens/shards.py) are read as they lie, with no token file: their stream of ids
 stands where a token file's ids do.
 """
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -100,8 +101,9 @@ class DataConfig:
         check(self.val_path is None or bool(self.val_path), VAL_PATH_KEY,
               "must not be empty; give shards or a text, or null to cut the test split from path")
 
-    @property
+    @functools.cached_property
     def tokenizer_choice(self) -> TokenizerChoice:
+        """Made once: a tokenizer.json is read when first asked for (path's data, then val_path's)."""
         return TokenizerChoice.of(self.tokenizer, self.bpe_vocab_size, self.bpe_sample_mb)
 
 
@@ -284,7 +286,14 @@ def vocabulary_of_shards(choice: TokenizerChoice) -> Vocabulary:
         raise DataError(f"data_config.tokenizer: pre-tokenized shards hold token ids, and {choice.name} "
                         "would make a vocabulary of a text; set data_config.tokenizer to the tokenizer.json "
                         "that made the shards (GPT-2's for llm.c's FineWeb shards)")
-    return Vocabulary.from_json(choice.file.json)
+    return vocabulary_of(choice.file.json)
+
+
+@functools.lru_cache(maxsize=1)
+def vocabulary_of(tokenizer_json: str) -> Vocabulary:
+    """A tokenizer.json's Vocabulary, made once for path's shards and val_path's (GPT-2's takes a
+    third of a second)."""
+    return Vocabulary.from_json(tokenizer_json)
 
 
 def open_text(path: str, config: DataConfig, key: str) -> TokenFile:
