@@ -54,6 +54,31 @@ def test_no_name_at_the_top_of_mingpt_shadows_a_module_others_import():
     assert names & (set(sys.stdlib_module_names) | installed) == set()
 
 
+COMMAND_RUNNER = """
+import contextlib, io, runpy, sys
+for script in sys.argv[1:]:
+    sys.argv = [script, "--help"]
+    with contextlib.redirect_stdout(io.StringIO()) as said, contextlib.suppress(SystemExit):
+        runpy.run_path(script, run_name="__main__")
+    print(script, said.getvalue().splitlines()[0] if said.getvalue() else "(nothing)")
+"""
+
+
+def test_every_command_starts_from_inside_mingpt():
+    """The README: every command works from the root and from inside mingpt/ (`python main.py`), where
+    mingpt/ is first on the import path. Each command's --help, as `python <command> --help` run there
+    would (one process for all: imports are what differs)."""
+    commands = sorted(path.name for path in MINGPT.glob("*.py")
+                      if 'if __name__ == "__main__":' in path.read_text())
+    result = subprocess.run([sys.executable, "-c", COMMAND_RUNNER, *commands], cwd=MINGPT,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    said = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert len(commands) >= 9 and list(said) == commands
+    for command in commands:
+        assert said[command].startswith(("usage:", "Train a GPT")), said
+
+
 LAYERS = ("common", "model", "distributed", "tokens", "storage", "reporting", "planning")
 """mingpt's packages (and model.py) from the ground up, as docs/ARCHITECTURE.md draws them. The
 original's files and the commands at the top of mingpt/ stand on all of them."""
