@@ -170,7 +170,8 @@ def run_launch(args, model: str, batch_size: int, peak_flops: float) -> list[dic
 def predict(shape: argparse.Namespace, text: str) -> MemoryEstimate:
     """The planner's estimate of one configuration's peak per rank."""
     method, checkpointing, ranks = parse_config(text)
-    return estimate_memory(model_config(shape), shape.batch_size, checkpointing, Placement(method, ranks, ranks))
+    placement = Placement(method, ranks, ranks)
+    return estimate_memory(model_config(shape), shape.batch_size, checkpointing, placement)
 
 
 def memory_row(shape: argparse.Namespace, text: str, mine: list[dict]) -> dict:

@@ -50,8 +50,8 @@ def test_a_slower_network_asks_for_more_gradient_accumulation():
     and more micro-batches per synchronisation bring the efficiency back to the target."""
     efficiency, steps = {}, {}
     for gbps in (3200, 400):
-        rows, lines = planned(["trainer_config.batch_size=32", *GPT2], nodes=8, gpus_per_node=8, device="H100",
-                              inter_gbps=gbps)
+        rows, lines = planned(["trainer_config.batch_size=32", *GPT2], nodes=8, gpus_per_node=8,
+                              device="H100", inter_gbps=gbps)
         ddp = next(row for row in rows if row.method == "ddp" and row.checkpointing == "none")
         efficiency[gbps] = ddp.timing.efficiency
         assert "Recommended: trainer_config.distributed_method=ddp" in lines[0]

@@ -174,7 +174,8 @@ def test_fp16_with_a_grad_scaler_trains_and_resumes_bitwise(fp16_run, tmp_path, 
     FSDP the scaler is the sharded one (each rank sees a shard of the gradients, so the overflow
     flag is all-reduced), and a DDP run in one process then resumes its last snapshot."""
     unbroken = tmp_path / "unbroken"
-    result = fp16_run(unbroken, nproc, trainer_config__max_epochs=2, trainer_config__distributed_method=method)
+    result = fp16_run(unbroken, nproc, trainer_config__max_epochs=2,
+                      trainer_config__distributed_method=method)
     assert "; fp16 mixed precision + GradScaler;" in world_line(result)
     assert f"Scaler: {SCALERS[method]}\n" in result.stdout
     losses = step_losses(unbroken)

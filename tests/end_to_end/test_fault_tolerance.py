@@ -68,8 +68,8 @@ SHARDED = {"trainer_config__snapshot_format": "sharded"}
     pytest.param("fsdp", ["step:37"], [1], [AT_STEP_30], 1, ASYNC, id="fsdp-async"),
     pytest.param("ddp", ["step:37"], [1], [AT_STEP_30], 1, {**ASYNC, **SHARDED}, id="async-sharded"),
 ])
-def test_killed_worker_restarts_and_ends_bitwise_equal(request, text_file, tmp_path, method, faults, fault_ranks,
-                                                       resumed_from, epochs, settings):
+def test_killed_worker_restarts_and_ends_bitwise_equal(request, text_file, tmp_path, method, faults,
+                                                      fault_ranks, resumed_from, epochs, settings):
     sharded = settings.get("trainer_config__snapshot_format") == "sharded"
     snapshot = tmp_path / ("snaps" if sharded else "snap.pt")
     result = run_with_restarts(text_file, snapshot, ",".join(faults), ",".join(map(str, fault_ranks)),
