@@ -9,8 +9,8 @@ import bench_fsdp
 def test_ddp_and_fsdp_report_every_rank_and_fsdp_holds_half(tmp_path, capsys):
     report = tmp_path / "fsdp.json"
     bench_fsdp.main(["--layers", "2", "--heads", "2", "--embd", "32", "--block-size", "16",
-                     "--batch-size", "2", "--warmup", "1", "--steps", "2", "--activation-checkpointing", "full",
-                     "--json", str(report)])
+                     "--batch-size", "2", "--warmup", "1", "--steps", "2",
+                     "--activation-checkpointing", "full", "--json", str(report)])
     stdout = capsys.readouterr().out
     written = json.loads(report.read_text())
     assert written["settings"]["activation_checkpointing"] == "full"
