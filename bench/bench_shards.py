@@ -13,13 +13,17 @@ that has not read them yet):
 - start-up: `python mingpt/main.py` with a tiny model on the shards (data_config.path a glob,
   data_config.val_path the validation shard), seconds from process start to its first training
   step's loss line;
-- private memory: the largest sum, over the run's processes (main.py and its DataLoader worker), of
-  their private pages (Private_Clean + Private_Dirty of /proc/<pid>/smaps_rollup: psutil's USS) from
-  the first step on, against the same run on the committed 1 MB corpus (data/input.txt, copied and
-  tokenized with the same tokenizer, so that the model, and its 50,257-wide logits, are the same);
+- private memory: the sum, over the run's processes (main.py and its DataLoader worker), of their
+  private pages (Private_Clean + Private_Dirty of /proc/<pid>/smaps_rollup: psutil's USS), sampled
+  from the first step on (median and peak), against the same run on the committed 1 MB corpus
+  (data/input.txt, copied and tokenized with the same tokenizer, so that the model, and its
+  50,257-wide logits, are the same);
 - the training step's consumption: tokens/s of that run's steps after its first (from the loss lines'
-  arrival times), against the loader alone: tokens/s of batches of the same shape read through the
-  Trainer's DataLoader (make_dataloader over the training split, 0 and 1 workers), from cold pages.
+  arrival times), against the loader alone: tokens/s of batches read through the Trainer's DataLoader
+  (make_dataloader over the training split, 0 and 1 workers), of the run's shape and of GPT-2's on an
+  H100 (32 x 1024, whose step consumes H100_GPT2_TOKENS_PER_S), first from cold pages, then the same
+  batches again from the page cache.
+Each main.py run is made --repeats times, alternating shards and corpus; the verdicts take the medians.
 Targets (issue 40, for 10 GB): start-up under 10 s, private memory within 50 MB of the 1 MB corpus's,
 the loader at least 10x the step's consumption. Figures printed and written as JSON (--json).
 """
@@ -58,6 +62,9 @@ CHUNK_TOKENS = 10_000_000
 DISK_LEFT_GB = 5.0
 """Free space the benchmark leaves on the disk it writes to."""
 
+H100_GPT2_TOKENS_PER_S = 563_735
+"""gpt2 (124M), bf16, compiled, batch 32 x 1024 on one H100: bench/results/gpu/h100_gpt2_bf16_compile.log."""
+GPT2_SHAPE = (32, 1024)
 TARGETS = {"startup_s": 10.0,  # below
            "extra_private_mb": 50.0,  # at most, over the 1 MB corpus's run
            "loader_over_step": 10.0}  # at least
@@ -81,7 +88,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20, help="training steps of each main.py run")
     p.add_argument("--batch-size", type=int, default=8, help="the runs' (and the loader's) batch")
     p.add_argument("--block-size", type=int, default=128)
-    p.add_argument("--loader-batches", type=int, default=500, help="batches timed per loader measurement")
+    p.add_argument("--repeats", type=int, default=1, help="main.py runs of each kind (medians compared)")
+    p.add_argument("--loader-batches", type=int, default=500,
+                   help="batches timed per loader measurement of the run's shape (a fifth as many of "
+                        "GPT-2's)")
     p.add_argument("--poll-s", type=float, default=0.2, help="seconds between memory samples")
     p.add_argument("--memory-cap-gb", type=float, default=4.0, help="RLIMIT_DATA of every child (0: none)")
     p.add_argument("--timeout-s", type=float, default=600, help="per child process")
@@ -89,7 +99,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--measure-loader", nargs=3, metavar=("PATH", "VAL_PATH", "TOKENIZER"),
                    help=argparse.SUPPRESS)  # child mode
     args = p.parse_args(argv)
-    for name in ("gb", "tokens_per_shard", "steps", "batch_size", "block_size", "loader_batches", "poll_s"):
+    for name in ("gb", "tokens_per_shard", "steps", "batch_size", "block_size", "loader_batches", "poll_s",
+                 "repeats"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive")
     return args
@@ -197,11 +208,13 @@ def private_mb(pid: int) -> Optional[dict[str, float]]:
 
 
 class PrivateMemory:
-    """The largest private memory of a run's processes together (the capping parent excluded), from
-    its first step on."""
+    """The private memory of a run's processes together (the capping parent excluded), sampled from
+    its first step on: the samples' median (its steady state; what the data path adds shows there)
+    and their peak (which the step's transient buffers, 50,257-wide logits and their gradient, move
+    by tens of MB from one sample to the next)."""
 
     def __init__(self):
-        self.peak = {"private": 0.0, "clean": 0.0, "dirty": 0.0, "processes": 0}
+        self.samples: list[dict[str, float]] = []
 
     def sample(self, root: int, training: bool) -> None:
         if not training:
@@ -211,11 +224,16 @@ class PrivateMemory:
         except psutil.NoSuchProcess:
             return
         found = [figures for figures in (private_mb(p.pid) for p in processes) if figures]
-        if not found:
-            return
-        clean, dirty = sum(f["clean"] for f in found), sum(f["dirty"] for f in found)
-        if clean + dirty > self.peak["private"]:
-            self.peak = {"private": clean + dirty, "clean": clean, "dirty": dirty, "processes": len(found)}
+        if found:
+            clean, dirty = sum(f["clean"] for f in found), sum(f["dirty"] for f in found)
+            self.samples.append({"private": clean + dirty, "clean": clean, "dirty": dirty,
+                                 "processes": len(found)})
+
+    def figures(self) -> dict:
+        if not self.samples:
+            return {"median": None, "peak": None, "samples": 0}
+        ordered = sorted(self.samples, key=lambda sample: sample["private"])
+        return {"median": ordered[len(ordered) // 2], "peak": ordered[-1], "samples": len(ordered)}
 
 
 def measure_run(command_args: list[str], workdir: Path, args) -> dict:
@@ -228,39 +246,50 @@ def measure_run(command_args: list[str], workdir: Path, args) -> dict:
     return {**{name: run.first(pattern) for name, pattern in MILESTONES.items()},
             "total_s": run.seconds, "steps_seen": len(steps), "step_s": step_s,
             "step_tokens_per_s": args.batch_size * args.block_size / step_s if step_s else None,
-            "private_mb": memory.peak, "peak_rss_mb": run.peak_rss_mb,
+            "private_mb": memory.figures(), "peak_rss_mb": run.peak_rss_mb,
             "data_line": next((line for _, line in run.lines if line.startswith("Data")), None),
             "error": run.error()}
 
 
-def loader_speed(path: str, val_path: str, tokenizer: str, workers: int, args) -> dict:
-    """Tokens/s of the Trainer's training DataLoader alone, for one rank, from its first batch on."""
-    config = DataConfig(path=path, val_path=val_path, tokenizer=tokenizer, block_size=args.block_size,
+def loader_speed(path: str, val_path: str, tokenizer: str, shape: tuple[int, int], workers: int,
+                 batches: int, cold: bool) -> dict:
+    """Tokens/s of the Trainer's training DataLoader alone, for one rank, after its first batch; cold:
+    the shards' pages dropped from the page cache first (else they hold the same batches' pages)."""
+    batch_size, block_size = shape
+    config = DataConfig(path=path, val_path=val_path, tokenizer=tokenizer, block_size=block_size,
                         truncate=1.0)
     dataset = open_corpus(config)
     train_set, _ = split_dataset(dataset, config, SEED, open_corpus(config, validation=True))
+    if cold:
+        drop_from_cache([shard.path for shard in dataset.shards.shards])
     env = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"),
                   backend="gloo")
-    loader = make_dataloader(train_set, args.batch_size, workers, env, shuffle=True, seed=SEED + workers)
+    loader = make_dataloader(train_set, batch_size, workers, env, shuffle=True, seed=SEED)
     start = time.perf_counter()
-    batches = iter(loader)
-    for _ in range(args.loader_batches):
-        windows = next(batches)
+    read = iter(loader)
+    next(read)  # the worker's start, timed apart
+    first_batch_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in range(batches):
+        windows = next(read)
     seconds = time.perf_counter() - start
-    return {"workers": workers, "batches": args.loader_batches, "batch_shape": list(windows.shape),
-            "seconds": seconds,
-            "tokens_per_s": args.loader_batches * args.batch_size * args.block_size / seconds}
+    return {"workers": workers, "pages": "cold" if cold else "cached", "batches": batches,
+            "batch_shape": list(windows.shape), "first_batch_s": first_batch_s, "seconds": seconds,
+            "tokens_per_s": batches * batch_size * block_size / seconds}
 
 
 def loader_child(args) -> None:
+    """Each shape, each worker count: cold pages, then the same batches from the page cache."""
     torch.set_num_threads(1)
     path, val_path, tokenizer = args.measure_loader
-    emit([loader_speed(path, val_path, tokenizer, workers, args) for workers in (0, 1)])
+    shapes = [((args.batch_size, args.block_size), args.loader_batches),
+              (GPT2_SHAPE, max(args.loader_batches // 5, 1))]
+    emit([loader_speed(path, val_path, tokenizer, shape, workers, batches, cold)
+          for shape, batches in shapes for workers in (0, 1) for cold in (True, False)])
 
 
-def measure_loader(path: str, val_path: str, tokenizer: Path, shards: list[Path], args) -> dict:
-    """The loader in a capped child process, the shards' pages dropped from the cache first."""
-    drop_from_cache(shards)
+def measure_loader(path: str, val_path: str, tokenizer: Path, args) -> dict:
+    """The loader measurements in a capped child process (it maps the shards, as a rank does)."""
     command = [sys.executable, Path(__file__).resolve(), "--measure-loader", path, val_path, tokenizer,
                "--loader-batches", args.loader_batches, "--batch-size", args.batch_size,
                "--block-size", args.block_size]
@@ -271,41 +300,83 @@ def measure_loader(path: str, val_path: str, tokenizer: Path, shards: list[Path]
 
 # ---------------------------------------------------------------------------------------------- report
 
-def verdicts(report: dict) -> dict[str, Optional[bool]]:
-    """Each target met (True), missed (False), or not measured (None)."""
+def median(values: list) -> Optional[float]:
+    values = sorted(v for v in values if v is not None)
+    return float(np.median(values)) if values else None
+
+
+def loader_best(loader: dict, shape: list[int], pages: str) -> Optional[float]:
+    """The faster worker count's tokens/s for a batch shape and page state."""
+    found = [run["tokens_per_s"] for run in loader["runs"] if run["batch_shape"][0] == shape[0]
+             and run["batch_shape"][1] == shape[1] + 1 and run["pages"] == pages]
+    return max(found, default=None)
+
+
+def summarise(report: dict, args) -> None:
+    """The medians over the repeats, the comparisons, the verdicts."""
+    shards, small = report["shards_runs"], report["small_runs"]
+    ok = not any(run["error"] for run in shards + small)
+    private = lambda runs, key: median([(run["private_mb"][key] or {}).get("private")  # noqa: E731
+                                        for run in runs])
+    step = median([run["step_tokens_per_s"] for run in shards])
+    cold = loader_best(report["loader"], [args.batch_size, args.block_size], "cold")
+    gpt2_cold = loader_best(report["loader"], list(GPT2_SHAPE), "cold")
+    gpt2_cached = loader_best(report["loader"], list(GPT2_SHAPE), "cached")
+    report.update(
+        startup_s=median([run["first_step_s"] for run in shards]),
+        small_startup_s=median([run["first_step_s"] for run in small]),
+        private_mb=private(shards, "median"), small_private_mb=private(small, "median"),
+        extra_private_mb=private(shards, "median") - private(small, "median") if ok else None,
+        peak_private_mb=private(shards, "peak"), small_peak_private_mb=private(small, "peak"),
+        step_tokens_per_s=step,
+        loader_over_step=cold / step if cold and step else None,
+        gpt2_loader_over_h100_step={"cold": gpt2_cold / H100_GPT2_TOKENS_PER_S if gpt2_cold else None,
+                                    "cached": gpt2_cached / H100_GPT2_TOKENS_PER_S if gpt2_cached else None})
     startup, extra, ratio = report["startup_s"], report["extra_private_mb"], report["loader_over_step"]
-    return {"startup_s": startup < TARGETS["startup_s"] if startup is not None else None,
-            "extra_private_mb": extra <= TARGETS["extra_private_mb"] if extra is not None else None,
-            "loader_over_step": ratio >= TARGETS["loader_over_step"] if ratio is not None else None}
+    report["verdicts"] = {
+        "startup_s": startup < TARGETS["startup_s"] if startup is not None else None,
+        "extra_private_mb": extra <= TARGETS["extra_private_mb"] if extra is not None else None,
+        "loader_over_step": ratio >= TARGETS["loader_over_step"] if ratio is not None else None}
 
 
 def print_report(report: dict) -> None:
-    shards, small, v = report["shards_run"], report["small_run"], report["verdicts"]
+    v, corpus, settings = report["verdicts"], report["corpus"], report["settings"]
     mark = {True: "ok", False: "MISSED", None: "-"}
-    corpus = report["corpus"]
-    print(f"\n{corpus['shards']} llm.c shards, {corpus['tokens']:,} tokens ({corpus['bytes'] / GB:.1f} GB), "
-          f"vocabulary of {GPT2_VOCAB:,}; a 2-layer, 64-wide model, batch {report['settings']['batch_size']} "
-          f"x {report['settings']['block_size']}")
     fmt = lambda value, unit: "-" if value is None else f"{value:,.1f} {unit}"  # noqa: E731
+    each = lambda runs, key: ", ".join(fmt(run[key], "").strip() for run in runs)  # noqa: E731
+    kinds = lambda runs: "dirty, clean: " + "; ".join(  # noqa: E731
+        f"{run['private_mb']['median']['dirty']:,.1f}, {run['private_mb']['median']['clean']:,.1f}"
+        for run in runs if run["private_mb"]["median"])
+    print(f"\n{corpus['shards']} llm.c shards, {corpus['tokens']:,} tokens ({corpus['bytes'] / GB:.1f} GB), "
+          f"vocabulary of {GPT2_VOCAB:,}; a 2-layer, 64-wide model, batch {settings['batch_size']} x "
+          f"{settings['block_size']}; medians of {settings['repeats']} run(s) of each kind")
+    shards, small = report["shards_runs"], report["small_runs"]
     rows = [
-        ("start-up to the first step, shards", fmt(report["startup_s"], "s") +
-         f" (data mapped {fmt(shards['data_loaded_s'], 's')})", f"< {TARGETS['startup_s']:.0f} s",
-         mark[v["startup_s"]]),
-        ("start-up to the first step, 1 MB corpus", fmt(small["first_step_s"], "s"), "", ""),
-        ("private memory, shards", fmt(shards["private_mb"]["private"], "MB") +
-         f" (dirty {shards['private_mb']['dirty']:,.1f}, clean {shards['private_mb']['clean']:,.1f}, "
-         f"{shards['private_mb']['processes']} processes)", "", ""),
-        ("private memory, 1 MB corpus", fmt(small["private_mb"]["private"], "MB") +
-         f" (dirty {small['private_mb']['dirty']:,.1f}, clean {small['private_mb']['clean']:,.1f})", "", ""),
+        ("start-up to the first step, shards", f"{fmt(report['startup_s'], 's')} (runs: "
+         f"{each(shards, 'first_step_s')}; data mapped: {each(shards, 'data_loaded_s')})",
+         f"< {TARGETS['startup_s']:.0f} s", mark[v["startup_s"]]),
+        ("start-up to the first step, 1 MB corpus", f"{fmt(report['small_startup_s'], 's')} (runs: "
+         f"{each(small, 'first_step_s')}; data mapped: {each(small, 'data_loaded_s')})", "", ""),
+        ("private memory while training, shards", f"{fmt(report['private_mb'], 'MB')} ({kinds(shards)})",
+         "", ""),
+        ("private memory while training, 1 MB corpus",
+         f"{fmt(report['small_private_mb'], 'MB')} ({kinds(small)})", "", ""),
         ("  shards over the 1 MB corpus", fmt(report["extra_private_mb"], "MB"),
          f"<= {TARGETS['extra_private_mb']:.0f} MB", mark[v["extra_private_mb"]]),
-        ("training step's consumption", fmt(shards["step_tokens_per_s"], "tokens/s"), "", ""),
+        ("  peaks: shards, 1 MB corpus", f"{fmt(report['peak_private_mb'], 'MB')}, "
+         f"{fmt(report['small_peak_private_mb'], 'MB')}", "", ""),
+        ("training step's consumption (this CPU)", fmt(report["step_tokens_per_s"], "tokens/s"), "", ""),
     ]
     for run in report["loader"]["runs"]:
-        rows.append((f"loader alone, {run['workers']} worker(s), cold pages",
+        shape = f"{run['batch_shape'][0]} x {run['batch_shape'][1] - 1}"
+        rows.append((f"loader alone, {shape}, {run['workers']} worker(s), {run['pages']} pages",
                      fmt(run["tokens_per_s"], "tokens/s"), "", ""))
-    rows.append(("  loader over the step", fmt(report["loader_over_step"], "x"),
+    rows.append(("  loader (cold) over this CPU's step", fmt(report["loader_over_step"], "x"),
                  f">= {TARGETS['loader_over_step']:.0f}x", mark[v["loader_over_step"]]))
+    h100 = report["gpt2_loader_over_h100_step"]
+    rows.append(("  loader 32 x 1024 over an H100's gpt2 step",
+                 f"cold {fmt(h100['cold'], 'x')}, cached {fmt(h100['cached'], 'x')} "
+                 f"(of {H100_GPT2_TOKENS_PER_S:,} tokens/s)", "", ""))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
@@ -322,33 +393,29 @@ def run_benchmark(args, workdir: Path) -> dict:
     train_glob, val_shard = str(workdir / "fineweb10B" / "fineweb_train_*.bin"), str(shards[0])
     small = workdir / "input.txt"
     shutil.copy(SMALL_CORPUS, small)
-
-    print("start-up and memory on the shards ...", flush=True)
-    drop_from_cache(shards)
-    shards_run = measure_run(overrides(train_glob, val_shard, tokenizer, workdir / "run_shards", args),
-                             workdir, args)
-    print("the same on the 1 MB corpus ...", flush=True)
     prepare = [sys.executable, REPO / "mingpt" / "prepare_data.py", small, "--tokenizer", tokenizer]
-    run_child(prepare, REPO, args)  # its token file made before the run, as the shards need none
-    small_run = measure_run(overrides(str(small), None, tokenizer, workdir / "run_small", args), workdir,
-                            args)
-    print("the loader alone ...", flush=True)
-    loader = measure_loader(train_glob, val_shard, tokenizer, shards, args)
+    run_child(prepare, REPO, args)  # the corpus's token file made before its runs: shards need none
 
-    extra = (shards_run["private_mb"]["private"] - small_run["private_mb"]["private"]
-             if shards_run["error"] is None and small_run["error"] is None else None)
-    fastest_loader = max((run["tokens_per_s"] for run in loader["runs"]), default=None)
-    step = shards_run["step_tokens_per_s"]
+    shards_runs, small_runs = [], []
+    for repeat in range(args.repeats):
+        print(f"start-up and memory, shards then the 1 MB corpus ({repeat + 1} of {args.repeats}) ...",
+              flush=True)
+        drop_from_cache(shards)
+        on_shards = overrides(train_glob, val_shard, tokenizer, workdir / "run_shards", args)
+        shards_runs.append(measure_run(on_shards, workdir, args))
+        small_runs.append(measure_run(overrides(str(small), None, tokenizer, workdir / "run_small", args),
+                                      workdir, args))
+    print("the loader alone ...", flush=True)
+    loader = measure_loader(train_glob, val_shard, tokenizer, args)
     report = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
               "corpus": {"shards": count, "tokens": count * args.tokens_per_shard,
                          "bytes": sum(path.stat().st_size for path in shards), "write_s": write_s},
-              "shards_run": shards_run, "small_run": small_run, "loader": loader,
-              "startup_s": shards_run["first_step_s"], "extra_private_mb": extra,
-              "loader_over_step": fastest_loader / step if fastest_loader and step else None,
-              "targets": TARGETS,
-              "errors": {"shards_run": shards_run["error"], "small_run": small_run["error"],
+              "shards_runs": shards_runs, "small_runs": small_runs, "loader": loader, "targets": TARGETS,
+              "h100_gpt2_tokens_per_s": H100_GPT2_TOKENS_PER_S,
+              "errors": {"shards_runs": next((r["error"] for r in shards_runs if r["error"]), None),
+                         "small_runs": next((r["error"] for r in small_runs if r["error"]), None),
                          "loader": loader["error"]}}
-    report["verdicts"] = verdicts(report)
+    summarise(report, args)
     return report
 
 
