@@ -149,8 +149,8 @@ def write_shard(path: Path, n_tokens: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     with open(path, "wb") as f:
         f.write(header.tobytes())
-        for first in range(0, n_tokens, CHUNK_TOKENS):
-            f.write(rng.integers(0, GPT2_VOCAB, min(CHUNK_TOKENS, n_tokens - first), dtype="<u2").tobytes())
+        f.writelines(rng.integers(0, GPT2_VOCAB, min(CHUNK_TOKENS, n_tokens - first), dtype="<u2").tobytes()
+                     for first in range(0, n_tokens, CHUNK_TOKENS))
         f.flush()
         os.fsync(f.fileno())
 
@@ -202,7 +202,8 @@ def private_mb(pid: int) -> Optional[dict[str, float]]:
         rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
     except OSError:
         return None
-    kib = {name: int(value) for name, value in re.findall(r"^(Private_\w+):\s+(\d+) kB", rollup, re.M)}
+    found = re.findall(r"^(Private_\w+):\s+(\d+) kB", rollup, re.MULTILINE)
+    kib = {name: int(value) for name, value in found}
     return {"clean": kib.get("Private_Clean", 0) * 1024 / MB,
             "dirty": kib.get("Private_Dirty", 0) * 1024 / MB}
 
@@ -312,26 +313,28 @@ def loader_best(loader: dict, shape: list[int], pages: str) -> Optional[float]:
     return max(found, default=None)
 
 
+def private_of(runs: list[dict], key: str) -> Optional[float]:
+    """The median over runs of their private memory's median or peak (key), MB."""
+    return median([(run["private_mb"][key] or {}).get("private") for run in runs])
+
+
 def summarise(report: dict, args) -> None:
     """The medians over the repeats, the comparisons, the verdicts."""
     shards, small = report["shards_runs"], report["small_runs"]
     ok = not any(run["error"] for run in shards + small)
-    private = lambda runs, key: median([(run["private_mb"][key] or {}).get("private")  # noqa: E731
-                                        for run in runs])
     step = median([run["step_tokens_per_s"] for run in shards])
     cold = loader_best(report["loader"], [args.batch_size, args.block_size], "cold")
-    gpt2_cold = loader_best(report["loader"], list(GPT2_SHAPE), "cold")
-    gpt2_cached = loader_best(report["loader"], list(GPT2_SHAPE), "cached")
+    gpt2 = {pages: loader_best(report["loader"], list(GPT2_SHAPE), pages) for pages in ("cold", "cached")}
     report.update(
         startup_s=median([run["first_step_s"] for run in shards]),
         small_startup_s=median([run["first_step_s"] for run in small]),
-        private_mb=private(shards, "median"), small_private_mb=private(small, "median"),
-        extra_private_mb=private(shards, "median") - private(small, "median") if ok else None,
-        peak_private_mb=private(shards, "peak"), small_peak_private_mb=private(small, "peak"),
+        private_mb=private_of(shards, "median"), small_private_mb=private_of(small, "median"),
+        extra_private_mb=private_of(shards, "median") - private_of(small, "median") if ok else None,
+        peak_private_mb=private_of(shards, "peak"), small_peak_private_mb=private_of(small, "peak"),
         step_tokens_per_s=step,
         loader_over_step=cold / step if cold and step else None,
-        gpt2_loader_over_h100_step={"cold": gpt2_cold / H100_GPT2_TOKENS_PER_S if gpt2_cold else None,
-                                    "cached": gpt2_cached / H100_GPT2_TOKENS_PER_S if gpt2_cached else None})
+        gpt2_loader_over_h100_step={pages: tokens / H100_GPT2_TOKENS_PER_S if tokens else None
+                                    for pages, tokens in gpt2.items()})
     startup, extra, ratio = report["startup_s"], report["extra_private_mb"], report["loader_over_step"]
     report["verdicts"] = {
         "startup_s": startup < TARGETS["startup_s"] if startup is not None else None,
@@ -339,32 +342,43 @@ def summarise(report: dict, args) -> None:
         "loader_over_step": ratio >= TARGETS["loader_over_step"] if ratio is not None else None}
 
 
-def print_report(report: dict) -> None:
-    v, corpus, settings = report["verdicts"], report["corpus"], report["settings"]
-    mark = {True: "ok", False: "MISSED", None: "-"}
-    fmt = lambda value, unit: "-" if value is None else f"{value:,.1f} {unit}"  # noqa: E731
-    each = lambda runs, key: ", ".join(fmt(run[key], "").strip() for run in runs)  # noqa: E731
-    kinds = lambda runs: "dirty, clean: " + "; ".join(  # noqa: E731
+MARKS = {True: "ok", False: "MISSED", None: "-"}
+
+
+def fmt(value: Optional[float], unit: str) -> str:
+    return "-" if value is None else f"{value:,.1f} {unit}".strip()
+
+
+def each(runs: list[dict], key: str) -> str:
+    """One figure of every run: "10.1, 10.0, 9.8"."""
+    return ", ".join(fmt(run[key], "") for run in runs)
+
+
+def private_kinds(runs: list[dict]) -> str:
+    """Each run's median private memory as its dirty and clean pages."""
+    return "dirty, clean: " + "; ".join(
         f"{run['private_mb']['median']['dirty']:,.1f}, {run['private_mb']['median']['clean']:,.1f}"
         for run in runs if run["private_mb"]["median"])
-    print(f"\n{corpus['shards']} llm.c shards, {corpus['tokens']:,} tokens ({corpus['bytes'] / GB:.1f} GB), "
-          f"vocabulary of {GPT2_VOCAB:,}; a 2-layer, 64-wide model, batch {settings['batch_size']} x "
-          f"{settings['block_size']}; medians of {settings['repeats']} run(s) of each kind")
-    shards, small = report["shards_runs"], report["small_runs"]
+
+
+def table(report: dict) -> list[tuple[str, str, str, str]]:
+    v, shards, small = report["verdicts"], report["shards_runs"], report["small_runs"]
     rows = [
-        ("start-up to the first step, shards", f"{fmt(report['startup_s'], 's')} (runs: "
-         f"{each(shards, 'first_step_s')}; data mapped: {each(shards, 'data_loaded_s')})",
-         f"< {TARGETS['startup_s']:.0f} s", mark[v["startup_s"]]),
-        ("start-up to the first step, 1 MB corpus", f"{fmt(report['small_startup_s'], 's')} (runs: "
-         f"{each(small, 'first_step_s')}; data mapped: {each(small, 'data_loaded_s')})", "", ""),
-        ("private memory while training, shards", f"{fmt(report['private_mb'], 'MB')} ({kinds(shards)})",
-         "", ""),
+        ("start-up to the first step, shards",
+         (f"{fmt(report['startup_s'], 's')} (runs: {each(shards, 'first_step_s')}; "
+          f"data mapped: {each(shards, 'data_loaded_s')})"),
+         f"< {TARGETS['startup_s']:.0f} s", MARKS[v["startup_s"]]),
+        ("start-up to the first step, 1 MB corpus",
+         (f"{fmt(report['small_startup_s'], 's')} (runs: {each(small, 'first_step_s')}; "
+          f"data mapped: {each(small, 'data_loaded_s')})"), "", ""),
+        ("private memory while training, shards",
+         f"{fmt(report['private_mb'], 'MB')} ({private_kinds(shards)})", "", ""),
         ("private memory while training, 1 MB corpus",
-         f"{fmt(report['small_private_mb'], 'MB')} ({kinds(small)})", "", ""),
+         f"{fmt(report['small_private_mb'], 'MB')} ({private_kinds(small)})", "", ""),
         ("  shards over the 1 MB corpus", fmt(report["extra_private_mb"], "MB"),
-         f"<= {TARGETS['extra_private_mb']:.0f} MB", mark[v["extra_private_mb"]]),
-        ("  peaks: shards, 1 MB corpus", f"{fmt(report['peak_private_mb'], 'MB')}, "
-         f"{fmt(report['small_peak_private_mb'], 'MB')}", "", ""),
+         f"<= {TARGETS['extra_private_mb']:.0f} MB", MARKS[v["extra_private_mb"]]),
+        ("  peaks: shards, 1 MB corpus",
+         f"{fmt(report['peak_private_mb'], 'MB')}, {fmt(report['small_peak_private_mb'], 'MB')}", "", ""),
         ("training step's consumption (this CPU)", fmt(report["step_tokens_per_s"], "tokens/s"), "", ""),
     ]
     for run in report["loader"]["runs"]:
@@ -372,11 +386,20 @@ def print_report(report: dict) -> None:
         rows.append((f"loader alone, {shape}, {run['workers']} worker(s), {run['pages']} pages",
                      fmt(run["tokens_per_s"], "tokens/s"), "", ""))
     rows.append(("  loader (cold) over this CPU's step", fmt(report["loader_over_step"], "x"),
-                 f">= {TARGETS['loader_over_step']:.0f}x", mark[v["loader_over_step"]]))
+                 f">= {TARGETS['loader_over_step']:.0f}x", MARKS[v["loader_over_step"]]))
     h100 = report["gpt2_loader_over_h100_step"]
     rows.append(("  loader 32 x 1024 over an H100's gpt2 step",
-                 f"cold {fmt(h100['cold'], 'x')}, cached {fmt(h100['cached'], 'x')} "
-                 f"(of {H100_GPT2_TOKENS_PER_S:,} tokens/s)", "", ""))
+                 (f"cold {fmt(h100['cold'], 'x')}, cached {fmt(h100['cached'], 'x')} "
+                  f"(of {H100_GPT2_TOKENS_PER_S:,} tokens/s)"), "", ""))
+    return rows
+
+
+def print_report(report: dict) -> None:
+    corpus, settings = report["corpus"], report["settings"]
+    print(f"\n{corpus['shards']} llm.c shards, {corpus['tokens']:,} tokens ({corpus['bytes'] / GB:.1f} GB), "
+          f"vocabulary of {GPT2_VOCAB:,}; a 2-layer, 64-wide model, batch {settings['batch_size']} x "
+          f"{settings['block_size']}; medians of {settings['repeats']} run(s) of each kind")
+    rows = table(report)
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
