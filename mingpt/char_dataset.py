@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import Dataset
 
 from mingpt.common.errors import DataError, check, check_choice, check_positive
-from mingpt.tokens.permutation import Permutation
+from mingpt.tokens.permutation import Blocks, Permutation
 from mingpt.tokens.shards import AUTO, FORMATS, ShardStream, names_shards, open_shards
 from mingpt.tokens.token_file import TokenFile, encode_text, open_token_file, prepare, token_file_for
 from mingpt.tokens.tokenizer import (
@@ -88,9 +88,17 @@ class DataConfig:
     data_config.format), as FineWeb (fineweb_val_*.bin) and nanoGPT (val.bin) ship it: training then
     uses all of path's windows and evaluation all of val_path's, and train_split and split do not
     apply. Needs data_config.tokenizer set to a tokenizer.json. null: the test split is cut from path."""
+    shards_at_once: int = 2
+    """Shards that training reads at a time: an epoch visits path's shards in a seeded order, this
+    many together, their windows shuffled among themselves, while the next ones are read ahead; so
+    reads stay within a few shards (their pages cached) instead of scattering over the whole set.
+    0: every window of the set in one shuffled order. For shards trained whole (val_path set) or
+    cut with split=contiguous; a random split's own permutation scatters them anyway."""
 
     def __post_init__(self) -> None:
         check_positive(self, "data_config", "block_size")
+        check(self.shards_at_once >= 0, "data_config.shards_at_once",
+              f"must be 0 (off) or more, got {self.shards_at_once}")
         check_settings(self.tokenizer, self.bpe_vocab_size, self.bpe_sample_mb)
         check(0.0 < self.train_split < 1.0, "data_config.train_split",
               f"must be between 0 and 1 (exclusive), got {self.train_split}")
@@ -238,11 +246,23 @@ class Split(Dataset):
     offset for the contiguous split, a position of a seeded permutation for the random one. No
     list of indices is ever built."""
 
-    def __init__(self, dataset: CharDataset, first: int, length: int, order: Optional[Permutation] = None):
+    def __init__(self, dataset: CharDataset, first: int, length: int, order: Optional[Permutation] = None,
+                 shards_at_once: int = 0):
         self.dataset = dataset
         self.first = first
         self.length = length
         self.order = order
+        self.shards_at_once = shards_at_once
+        """Of a dataset of shards: how many shards training reads at a time (blocks()); 0: any order."""
+
+    def blocks(self) -> Optional[Blocks]:
+        """The split's samples as runs that start in one shard, to be read shards_at_once shards at
+        a time (data_loader.py); None for a text, or when the split has an order of its own."""
+        shards = self.dataset.shards
+        if shards is None or self.order is not None or not self.shards_at_once:
+            return None
+        edges = np.clip(shards.starts, self.first, self.first + self.length) - self.first
+        return Blocks(np.diff(edges).tolist(), self.shards_at_once, warm=shards.read_ahead)
 
     def __len__(self) -> int:
         return self.length
@@ -350,7 +370,8 @@ def split_dataset(dataset: CharDataset, config: DataConfig, seed: int,
     """Train and test splits, identical on every rank for the same seed. With a validation set
     (data_config.val_path), all of dataset trains and all of validation tests."""
     if validation is not None:
-        return Split(dataset, 0, len(dataset)), Split(validation, 0, len(validation))
+        return (Split(dataset, 0, len(dataset), shards_at_once=config.shards_at_once),
+                Split(validation, 0, len(validation)))
     if config.split == "random":
         # The original's random_split: a seeded permutation of all samples, cut at train_split.
         train_len = int(len(dataset) * config.train_split)
@@ -360,7 +381,7 @@ def split_dataset(dataset: CharDataset, config: DataConfig, seed: int,
     else:
         # Cut the text, not the windows: no character is seen by both sides.
         cut = int(dataset.num_chars * config.train_split)
-        train = Split(dataset, 0, max(cut - dataset.block_size, 0))
+        train = Split(dataset, 0, max(cut - dataset.block_size, 0), shards_at_once=config.shards_at_once)
         test = Split(dataset, cut, max(len(dataset) - cut, 0))
     if len(train) == 0 or len(test) == 0:
         raise DataError(

@@ -7,6 +7,10 @@ contiguous stretch of the global order, batch x W positions long, and "how far t
 is one number, the global position, whatever the world size. A run resumed at another world size
 starts from that position and every sample of the epoch is still trained exactly once.
 
+A split of pre-tokenized shards read whole (data_config.shards_at_once) has an epoch order of
+another kind with the same contract: permutation.BlockOrder, which reads a few shards at a time and
+asks for the next ones to be read ahead as it enters each group.
+
 As DistributedSampler does, the last round is filled up to a multiple of the world size with
 positions from the start of the epoch's order, so that every rank takes the same number of batches;
 up to world_size - 1 samples are seen twice in an epoch.
@@ -20,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from mingpt.distributed.control import leave_stops_to_training
 from mingpt.distributed.process_group import DistEnv
-from mingpt.tokens.permutation import Permutation
+from mingpt.tokens.permutation import BlockOrder, Blocks, Permutation
 
 EPOCH_SEED_STRIDE = 1_000_003
 """Spaces the epochs' permutation seeds apart (a prime, so that (seed, epoch) pairs rarely meet)."""
@@ -30,17 +34,19 @@ class GlobalOrderSampler(Sampler[torch.Tensor]):
     """This rank's batches (tensors of split indices) of one pass, from a global position on.
 
     shuffle=False keeps the split's own order (evaluation). `limit` caps a pass at its first limit
-    positions: a fixed subset of the split (eval_batches).
+    positions: a fixed subset of the split (eval_batches). `blocks`: shuffle a block-wise order
+    (BlockOrder) instead of a permutation of the whole split.
     """
 
     def __init__(self, num_samples: int, batch_size: int, env: DistEnv, shuffle: bool, seed: int,
-                 limit: Optional[int] = None):
+                 limit: Optional[int] = None, blocks: Optional[Blocks] = None):
         self.num_samples = num_samples
         self.batch_size = batch_size
         self.rank, self.world_size = env.rank, env.world_size
         self.shuffle = shuffle
         self.seed = seed
         self.pass_length = min(num_samples, limit) if limit else num_samples
+        self.blocks = blocks
         self.epoch = 0
         self.start = 0
 
@@ -60,13 +66,23 @@ class GlobalOrderSampler(Sampler[torch.Tensor]):
         return self.batches(self.start)
 
     def __iter__(self) -> Iterator[torch.Tensor]:
-        seed = self.seed + EPOCH_SEED_STRIDE * self.epoch
-        order = Permutation(self.num_samples, seed) if self.shuffle else None
+        order = self.epoch_order()
         count = self.positions_per_rank(self.start)
+        group = None
         for first in range(0, count, self.batch_size):  # a batch at a time: nothing grows with the pass
             nth = torch.arange(first, min(first + self.batch_size, count))  # this rank's nth positions
             batch = (self.start + self.rank + self.world_size * nth) % self.pass_length  # last round wraps
+            if isinstance(order, BlockOrder) and order.group_at(int(batch[0])) != group:
+                group = order.group_at(int(batch[0]))
+                self.blocks.warm(order.blocks_from(group))  # this group's (at the start) and the next's
             yield order(batch) if order is not None else batch
+
+    def epoch_order(self) -> Optional[Permutation | BlockOrder]:
+        """This epoch's order of the split's samples (None: the split's own, unshuffled)."""
+        if not self.shuffle:
+            return None
+        seed = self.seed + EPOCH_SEED_STRIDE * self.epoch
+        return BlockOrder(self.blocks, seed) if self.blocks else Permutation(self.num_samples, seed)
 
 
 DEFAULT_WORKERS = 4
@@ -89,7 +105,8 @@ def usable_workers(requested: Optional[int], env: DistEnv) -> int:
 
 def make_dataloader(dataset: Dataset, batch_size: int, workers: Optional[int], env: DistEnv, shuffle: bool,
                     seed: int, limit: Optional[int] = None,
-                    signals_for_training: tuple[int, ...] = ()) -> DataLoader:
+                    signals_for_training: tuple[int, ...] = (),
+                    blocks: Optional[Blocks] = None) -> DataLoader:
     """Batches of this rank's share, from `workers` processes (usable_workers).
 
     The sampler hands out whole batches of indices and the dataset gathers each batch in one go
@@ -100,7 +117,8 @@ def make_dataloader(dataset: Dataset, batch_size: int, workers: Optional[int], e
     return DataLoader(
         dataset,
         batch_size=None,
-        sampler=GlobalOrderSampler(len(dataset), batch_size, env, shuffle=shuffle, seed=seed, limit=limit),
+        sampler=GlobalOrderSampler(len(dataset), batch_size, env, shuffle=shuffle, seed=seed, limit=limit,
+                                   blocks=blocks),
         num_workers=workers,
         persistent_workers=workers > 0,  # forking new workers every epoch costs seconds
         pin_memory=env.device.type == "cuda",
@@ -117,11 +135,14 @@ def rank_loaders(train: Dataset, test: Optional[Dataset], batch_size: int, grad_
     """This rank's training and test loaders. A training batch holds a whole optimizer step
     (grad_accum_steps micro-batches); the test loader gives the whole test split in order, or a fixed
     seeded subset of eval_batches batches per rank (the same at every evaluation); none without one."""
-    def loader(dataset: Dataset, batch: int, shuffle: bool, limit: Optional[int] = None) -> DataLoader:
+    def loader(dataset: Dataset, batch: int, shuffle: bool, limit: Optional[int] = None,
+               blocks: Optional[Blocks] = None) -> DataLoader:
         return make_dataloader(dataset, batch, workers, env, shuffle=shuffle, seed=seed, limit=limit,
-                               signals_for_training=signals_for_training)
+                               signals_for_training=signals_for_training, blocks=blocks)
 
-    train_loader = loader(train, batch_size * grad_accum_steps, shuffle=True)
+    # Shards are read a few at a time in training; evaluation's subset is drawn from the whole split.
+    train_blocks = train.blocks() if hasattr(train, "blocks") else None
+    train_loader = loader(train, batch_size * grad_accum_steps, shuffle=True, blocks=train_blocks)
     if not test:  # none, or empty
         return train_loader, None
     if not eval_batches:

@@ -11,6 +11,9 @@ The same (n, seed) gives the same order in every process, on every machine. The 
 numpy's on uint64 (a batch is a few dozen elements: torch's per-operation overhead was most of a
 small model's data time); results come back as int64 tensors.
 """
+from dataclasses import dataclass
+from typing import Callable
+
 import numpy as np
 import torch
 
@@ -76,3 +79,70 @@ class Permutation:
         for key in self._keys:
             left, right = right, left ^ (_hash32(right, key) & self._half_mask)
         return (left << self._half_bits) | right
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """Runs of consecutive sample indices that lie together (a shard's windows), read a few at a time."""
+
+    sizes: list[int]
+    """Samples in each block, in index order (block 0 holds indices 0..sizes[0]-1, and so on)."""
+    at_once: int
+    """Blocks an epoch reads at a time (data_config.shards_at_once)."""
+    warm: Callable[[list[int]], None] = lambda blocks: None
+    """Asked to bring these blocks' data near (the next group's), before they are read."""
+
+
+class BlockOrder:
+    """A seeded order of 0..n-1 that reads `at_once` blocks at a time: the blocks in a seeded order,
+    cut into groups of at_once; a group's samples in a seeded order of their own, group after group.
+
+    Every sample once per epoch, as with Permutation, and position i is still computed when it is
+    needed (a group's order is a Permutation of the group's samples); what changes is where the
+    reads go: a stretch of the order touches one group's blocks only, so that a large set of shards
+    is read a few shards at a time (their pages stay in the page cache, the next group's are read
+    ahead), where a permutation of the whole set reads a window of a different shard at every step.
+    """
+
+    def __init__(self, blocks: Blocks, seed: int):
+        sizes = np.asarray(blocks.sizes, dtype=np.int64)
+        self.n = int(sizes.sum())
+        if self.n < 1:
+            raise ValueError("an order of no samples")
+        self.block_starts = np.concatenate([[0], np.cumsum(sizes)])
+        visits = Permutation(len(sizes), seed)(np.arange(len(sizes))).numpy()
+        at_once = blocks.at_once
+        self.groups = [visits[first:first + at_once] for first in range(0, len(visits), at_once)]
+        """The blocks of each group, in the order the epoch reads them."""
+        group_sizes = [int(sizes[group].sum()) for group in self.groups]
+        self.group_starts = np.concatenate([[0], np.cumsum(group_sizes)])
+        self._inner = [Permutation(size, seed + 1 + index) if size else None
+                       for index, size in enumerate(group_sizes)]
+        self._sizes = sizes
+
+    def __len__(self) -> int:
+        return self.n
+
+    def blocks_from(self, group: int) -> list[int]:
+        """The blocks of a group and of the one after it: what to have near when the group starts."""
+        return [int(block) for later in self.groups[group:group + 2] for block in later]
+
+    def group_at(self, position: int) -> int:
+        """The group that a position of the order reads."""
+        return int(np.searchsorted(self.group_starts, position, side="right") - 1)
+
+    def __call__(self, positions) -> torch.Tensor:
+        """The samples at these positions of the order (int64 tensor or array of any shape)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if positions.size and (positions.min() < 0 or positions.max() >= self.n):
+            raise IndexError(f"positions outside 0..{self.n - 1}")
+        flat, out = positions.reshape(-1), np.empty(positions.size, dtype=np.int64)
+        groups = np.searchsorted(self.group_starts, flat, side="right") - 1
+        for group in np.unique(groups):
+            here = groups == group
+            inner = self._inner[group](flat[here] - self.group_starts[group]).numpy()
+            blocks = self.groups[group]
+            ends = np.cumsum(self._sizes[blocks])  # within the group, block after block
+            which = np.searchsorted(ends, inner, side="right")
+            out[here] = self.block_starts[blocks[which]] + inner - (ends[which] - self._sizes[blocks[which]])
+        return torch.from_numpy(out.reshape(positions.shape))

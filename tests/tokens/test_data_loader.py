@@ -3,13 +3,21 @@ import os
 import signal
 import time
 
+import numpy as np
 import psutil
 import torch
 from helpers import make_text
 
 from mingpt.char_dataset import CharDataset, DataConfig, inputs_and_targets, split_dataset
 from mingpt.distributed.process_group import DistEnv
-from mingpt.tokens.data_loader import DEFAULT_WORKERS, GlobalOrderSampler, make_dataloader, usable_workers
+from mingpt.tokens.data_loader import (
+    DEFAULT_WORKERS,
+    EPOCH_SEED_STRIDE,
+    GlobalOrderSampler,
+    make_dataloader,
+    usable_workers,
+)
+from mingpt.tokens.permutation import BlockOrder, Blocks
 
 
 def env(rank: int, world_size: int) -> DistEnv:
@@ -130,3 +138,27 @@ def test_data_workers_leave_the_stop_signals_to_the_training_process():
     assert worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE
     assert next(batches)[0].shape == (4, 8)  # still loading
     del batches
+
+
+def test_a_block_order_is_dealt_as_the_permutation_is_and_reads_the_next_blocks_ahead():
+    """Shards read a few at a time (data_config.shards_at_once): the same order at any world size,
+    each sample once, a resume at another world size goes on where the epoch was; each group's
+    blocks and the next group's are asked for as the group starts."""
+    warmed = []
+    blocks = Blocks([300, 200, 250, 210], at_once=2, warm=warmed.append)
+
+    def order(world_size, batch_size, start=0):
+        ranks = []
+        for rank in range(world_size):
+            sampler = GlobalOrderSampler(960, batch_size, env(rank, world_size), True, seed=7, blocks=blocks)
+            sampler.set_epoch(1, start=start)
+            ranks.append([batch.tolist() for batch in sampler])
+        return global_order(ranks)
+
+    one = order(1, 32)
+    assert sorted(one) == list(range(960)) and one == order(2, 16) == order(4, 8)
+    assert order(2, 16, start=320) == one[320:]
+    first_group, second_group = BlockOrder(blocks, seed=7 + EPOCH_SEED_STRIDE).groups
+    assert warmed[0] == [*first_group, *second_group] and warmed[1] == list(second_group)
+    first_blocks = set(np.searchsorted([300, 500, 750, 960], one[:500], side="right"))
+    assert first_blocks == set(first_group)  # the first stretch reads the first group's blocks only

@@ -10,12 +10,16 @@ from helpers import make_text, write_llmc_shard, write_nanogpt_shard
 from torch.utils.data import DataLoader
 
 from mingpt.char_dataset import DataConfig, open_corpus, prepare_corpus, split_dataset
-from mingpt.common.errors import DataError, own_line
+from mingpt.common.errors import ConfigError, DataError, own_line
+from mingpt.distributed.process_group import DistEnv
 from mingpt.tokens import shards
+from mingpt.tokens.data_loader import rank_loaders
 from mingpt.tokens.shards import names_shards, open_shards
 from mingpt.tokens.tokenizer import train_bpe
 
 VOCAB = 300
+ONE_RANK = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"),
+                   backend="gloo")
 
 
 @pytest.fixture(scope="module")
@@ -276,3 +280,28 @@ def first_error(loader: DataLoader) -> DataError:
     except DataError as error:
         return error.with_traceback(None)
     raise AssertionError("the batch was read")
+
+
+def test_shards_trained_whole_are_read_a_few_at_a_time(tmp_path, ids, tokenizer):
+    """data_config.shards_at_once: the training split of shards read whole (val_path, or a contiguous
+    split) is a block per shard for the loader's BlockOrder; a random split, 0, or a text: none."""
+    folder = llmc_set(tmp_path / "set", ids)
+    val = write_llmc_shard(tmp_path / "val_000000.bin", ids[1500:])
+    data = config(folder, tokenizer, val_path=str(val))
+    dataset, validation = open_corpus(data), open_corpus(data, validation=True)
+    train, test = split_dataset(dataset, data, seed=0, validation=validation)
+    blocks = train.blocks()
+    assert blocks.sizes == [500, 500, 500 - 16] and blocks.at_once == 2 and test.blocks() is None
+    blocks.warm([0, 2])  # asks the kernel to read them ahead; nothing to wait for
+    train_loader, test_loader = rank_loaders(train, test, 8, 1, 0, 0, 0, ONE_RANK, ())
+    assert train_loader.sampler.blocks.sizes == blocks.sizes and test_loader.sampler.blocks is None
+    contiguous = config(folder, tokenizer, split="contiguous", train_split=0.5, shards_at_once=1)
+    train, _ = split_dataset(open_corpus(contiguous), contiguous, seed=0)
+    assert train.blocks().sizes == [500, 750 - 16 - 500, 0]  # block i is shard i's windows
+    assert train.blocks().at_once == 1
+    for off in (config(folder, tokenizer), config(folder, tokenizer, val_path=str(val), shards_at_once=0)):
+        dataset = open_corpus(off)
+        assert split_dataset(dataset, off, seed=0, validation=open_corpus(off, validation=True)
+                             if off.val_path else None)[0].blocks() is None
+    with pytest.raises(ConfigError, match="data_config.shards_at_once: must be 0"):
+        config(folder, tokenizer, shards_at_once=-1)
