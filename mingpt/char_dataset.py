@@ -22,6 +22,7 @@ from torch.utils.data import Dataset
 from mingpt.common.errors import DataError, check, check_choice, check_positive
 from mingpt.tokens.permutation import Blocks, Permutation
 from mingpt.tokens.shards import AUTO, FORMATS, ShardStream, names_shards, open_shards
+from mingpt.tokens.text_set import DEFAULT_TEXT_FIELD, TextSet, open_set, prepare_set, set_files
 from mingpt.tokens.token_file import TokenFile, encode_text, open_token_file, prepare, token_file_for
 from mingpt.tokens.tokenizer import (
     DEFAULT_SAMPLE_MB,
@@ -44,7 +45,10 @@ class DataConfig:
     path: str = str(DEFAULT_CORPUS)
     """A local path or any fsspec URL (s3://, gs://, https://, ...) of a UTF-8 text file; or
     pre-tokenized shards on this machine (data_config.format): a .bin file, a folder of them or a glob
-    ('fineweb10B/fineweb_train_*.bin', quoted), read in sorted path order as one stream."""
+    ('fineweb10B/fineweb_train_*.bin', quoted), read in sorted path order as one stream; or a set of
+    texts on this machine: a folder or a glob of .txt, .jsonl and .parquet files (a .jsonl or .parquet
+    file alone is a set of one), each prepared once into a token file of its own and read in sorted
+    path order as one stream."""
     block_size: int = 128
     """Characters of context per sample."""
     train_split: float = 0.9
@@ -82,7 +86,12 @@ class DataConfig:
     read as nanoGPT's. text: a UTF-8 text whatever its name. llmc: llm.c's and modded-nanogpt's shards
     (FineWeb's fineweb_train_*.bin: a 1,024-byte header, then uint16 ids). nanogpt: nanoGPT
     prepare.py's train.bin and val.bin (uint16 ids, no header). Shards are read as they lie: nothing is
-    prepared; their stream is continuous, so a window may straddle two shards."""
+    prepared; their stream is continuous, so a window may straddle two shards. A folder or glob of
+    texts (.txt, .jsonl, .parquet: by their suffixes, under auto or text) is a set of texts."""
+    text_field: str = DEFAULT_TEXT_FIELD
+    """A set of texts: the field of each JSON line (.jsonl), and the column of a Parquet file, that
+    holds a document's text. Each document is ended by the tokenizer's <|endoftext|> (a newline for
+    characters, or a tokenizer.json without it). Parquet needs pyarrow (pip install 'mingpt-ddp[parquet]')."""
     val_path: Optional[str] = None
     """The evaluation's own data, in path's forms (shards, a folder or glob of them, or a text, of
     data_config.format), as FineWeb (fineweb_val_*.bin) and nanoGPT (val.bin) ship it: training then
@@ -106,6 +115,8 @@ class DataConfig:
               f"must be in (0, 1], got {self.truncate}")
         check_choice(self, "data_config", "split", SPLITS)
         check_choice(self, "data_config", "format", FORMATS)
+        check(bool(self.text_field), "data_config.text_field",
+              "must not be empty; name the JSON field (or Parquet column) that holds the text")
         check(self.val_path is None or bool(self.val_path), VAL_PATH_KEY,
               "must not be empty; give shards or a text, or null to cut the test split from path")
 
@@ -289,7 +300,15 @@ def open_corpus(config: DataConfig, validation: bool = False) -> CharDataset:
     or its shards; of data_config.val_path when validation is asked for."""
     key, path = (VAL_PATH_KEY, config.val_path) if validation else (PATH_KEY, config.path)
     truncate = 1.0 if validation else config.truncate
-    if names_shards(path, config.format):
+    text_set = set_of_texts(config, key, path)
+    if text_set is not None:
+        prepared = open_set(text_set)
+        if isinstance(prepared, TokenFile):  # a set of one: that file's token file, as a text's
+            dataset = CharDataset.from_token_file(prepared, config.block_size, truncate)
+        else:
+            stream, tokenizer_json = prepared
+            dataset = CharDataset.from_ids(stream, vocabulary_of(tokenizer_json), config.block_size, truncate)
+    elif names_shards(path, config.format):
         vocabulary = vocabulary_of_shards(config.tokenizer_choice)
         stream = open_shards(path, config.format, len(vocabulary), key)
         dataset = CharDataset.from_ids(stream, vocabulary, config.block_size, truncate)
@@ -341,18 +360,39 @@ def too_short(dataset: CharDataset, path: str, key: str, block_size: int, trunca
                      "data_config.block_size or give more data")
 
 
-def prepare_corpus(config: DataConfig) -> None:
+def prepare_corpus(config: DataConfig, local_main: bool = True) -> None:
     """Make (or check) the token file of each text (path, and val_path if set), reading the text
     once, from wherever it is. Shards need nothing: open_corpus checks them as it maps them.
 
-    Call it on one process per machine and make the others wait: the token file is shared by every
-    process of the machine through the page cache.
+    A single text: call it on one process per machine (local_main) and make the others wait: the
+    token file is shared by every process of the machine through the page cache. A set of texts:
+    call it on every process of the machine (local_main or not), which share its files' preparation
+    (text_set.prepare_set), then make them wait for each other.
     """
-    texts = [(key, path) for key, path in ((PATH_KEY, config.path), (VAL_PATH_KEY, config.val_path))
-             if path is not None and not names_shards(path, config.format)]
+    corpora = [(key, path) for key, path in ((PATH_KEY, config.path), (VAL_PATH_KEY, config.val_path))
+               if path is not None]
+    sets = {key: set_of_texts(config, key, path) for key, path in corpora}  # a set's shape, its tokenizer
+    texts = [(key, path) for key, path in corpora
+             if sets[key] is None and not names_shards(path, config.format)]
     choices = [text_tokenizer(config, key) for key, _ in texts]  # every refusal before anything is made
-    for (_, path), choice in zip(texts, choices):
-        prepare(path, config.cache_dir, choice)
+    for text_set in sets.values():
+        if text_set is not None and text_set.choice.is_char:
+            text_set.tokenizer(make=False)  # characters for several texts are refused here
+    if local_main:
+        for (_, path), choice in zip(texts, choices):
+            prepare(path, config.cache_dir, choice)
+    for text_set in sets.values():
+        if text_set is not None:
+            prepare_set(text_set)
+
+
+def set_of_texts(config: DataConfig, key: str, path: str) -> Optional[TextSet]:
+    """The set of texts a data path names (text_set.py), or None: one text, or shards."""
+    found = set_files(path, config.format, key)
+    if found is None:
+        return None
+    choice = text_tokenizer(config, key)
+    return TextSet(key, tuple(found), choice, config.text_field, config.cache_dir)
 
 
 def text_tokenizer(config: DataConfig, key: str) -> TokenizerChoice:

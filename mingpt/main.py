@@ -78,10 +78,10 @@ OmegaConf.register_new_resolver("repo_path", lambda relative: str(REPO_ROOT / re
 
 
 def load_dataset(config: DataConfig, env: DistEnv) -> tuple[CharDataset, Optional[CharDataset]]:
-    """One process per machine makes the token file of each text (path, val_path); the others wait,
-    then every process maps those files, or the shards. The data of path, and of val_path if set."""
-    if env.is_local_main:
-        prepare_corpus(config)
+    """One process per machine makes the token file of each text (path, val_path), or every process
+    of the machine shares the files of a set of texts; the others wait, then every process maps those
+    files, or the shards. The data of path, and of val_path if set."""
+    prepare_corpus(config, local_main=env.is_local_main)
     barrier()
     dataset = open_corpus(config)
     validation = open_corpus(config, validation=True) if config.val_path else None

@@ -2,21 +2,28 @@
 
     python mingpt/prepare_data.py PATH [--cache-dir DIR]     PATH: a local path or any fsspec URL
     python mingpt/prepare_data.py PATH --tokenizer bpe [--bpe-vocab-size N]   or a tokenizer.json
+    python mingpt/prepare_data.py FOLDER_OR_GLOB --tokenizer bpe [--processes N] [--text-field text]
 
 Training makes the token file itself when it is missing, older than the text or of other tokenizer
 settings; this command makes it ahead of time (a 1 GB text takes seconds to a minute), for example
 once on a shared disk before a Slurm job. Give it the data_config settings training will have.
 Pre-tokenized shards (llm.c's, nanoGPT's: a .bin file, a folder or a glob) need nothing: it checks
 their headers and says so (and their ids, when a small set is given its --tokenizer tokenizer.json).
+A set of texts (a folder or glob of .txt, .jsonl and .parquet files: tokens/text_set.py) is prepared
+file by file by --processes processes of this machine, each file once, a line for each file made; a
+training job's processes share the work the same way, so this only does it ahead of the job.
 """
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Optional
 
 from mingpt.common.errors import OneLineArgumentParser, command
 from mingpt.common.files import CACHE_DIR_ENV
 from mingpt.tokens.shards import AUTO, FORMATS, names_shards, open_shards
-from mingpt.tokens.token_file import fingerprint, open_token_file, prepare
+from mingpt.tokens.text_set import DEFAULT_TEXT_FIELD, TextSet, prepare_set, set_files
+from mingpt.tokens.token_file import fingerprint, open_token_file, prepare, read_header
 from mingpt.tokens.tokenizer import CHAR, DEFAULT_SAMPLE_MB, DEFAULT_VOCAB_SIZE, TokenizerChoice, Vocabulary
 
 
@@ -32,6 +39,38 @@ def check_shards(path: str, format: str, choice: TokenizerChoice) -> str:
     checked = "headers and ids checked" if stream.scanned else "headers checked"
     return (f"nothing to prepare: {path} is {stream.describe()}, {len(stream):,} tokens, read as they lie "
             f"({checked})")
+
+
+def prepare_share(text_set: TextSet) -> int:
+    """This process's share of a set's preparation: a line for each file it makes; how many it made."""
+    made = []
+
+    def said(source: Path, path: Path, now: bool) -> None:
+        if now:
+            made.append(path)
+            print(f"prepared {path}: {read_header(path)['n_tokens']:,} tokens", flush=True)
+
+    prepare_set(text_set, said)
+    return len(made)
+
+
+def prepare_text_set(text_set: TextSet, processes: int) -> str:
+    """The set prepared by this process and processes - 1 others (started fresh: spawn), together."""
+    start = time.perf_counter()
+    if processes > 1:
+        with ProcessPoolExecutor(processes - 1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            others = [pool.submit(prepare_share, text_set) for _ in range(processes - 1)]
+            made = prepare_share(text_set) + sum(other.result() for other in others)
+    else:
+        made = prepare_share(text_set)
+    seconds = time.perf_counter() - start
+    headers = [read_header(path) for path in text_set.token_files(text_set.tokenizer(make=False))]
+    size = sum(fingerprint(str(source))["size"] for source in text_set.files)
+    count = len(text_set.files)
+    workers = f"{processes} process{'es' if processes > 1 else ''}"
+    return (f"{count:,} file{'s' if count != 1 else ''}: {made:,} prepared now, {count - made:,} up to date; "
+            f"{sum(h['n_tokens'] for h in headers):,} tokens, vocabulary of {headers[0]['vocab_size']:,}, "
+            f"{size / 1e6 / max(seconds, 1e-9):.1f} MB/s with {workers}")
 
 
 @command
@@ -50,8 +89,23 @@ def main(argv: Optional[list[str]] = None) -> None:
                         help=f"data_config.bpe_sample_mb (default {DEFAULT_SAMPLE_MB:g})")
     parser.add_argument("--format", default=AUTO, choices=FORMATS,
                         help=f"data_config.format (default {AUTO})")
+    parser.add_argument("--text-field", default=DEFAULT_TEXT_FIELD,
+                        help="a set's JSON lines field and Parquet column of the text "
+                             f"(data_config.text_field; default {DEFAULT_TEXT_FIELD})")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="a set of texts: processes of this machine that prepare its files together "
+                             "(default 1)")
     args = parser.parse_args(argv)
+    if args.processes < 1:
+        parser.error(f"--processes must be 1 or more, got {args.processes}")
     choice = TokenizerChoice.of(args.tokenizer, args.bpe_vocab_size, args.bpe_sample_mb)
+    found = set_files(args.path, args.format, "data_config.path")
+    if found is not None:
+        text_set = TextSet("data_config.path", tuple(found), choice, args.text_field, args.cache_dir)
+        if choice.is_char:
+            text_set.tokenizer(make=False)  # characters for several texts: refused before anything is made
+        print(prepare_text_set(text_set, args.processes))
+        return
     if names_shards(args.path, args.format):
         print(check_shards(args.path, args.format, choice))
         return

@@ -186,3 +186,25 @@ def locked(path: Path) -> Iterator[None]:
         raise
     finally:
         os.close(fd)  # releases the lock
+
+
+@contextlib.contextmanager
+def try_locked(path: Path) -> Iterator[bool]:
+    """locked(path) without the wait: yields True with the lock held, or False at once when another
+    process holds it (the caller then moves on to other work, as the preparers of a set of texts do)."""
+    lock = f"{path}.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        except Exception:  # nothing made: nothing left beside it either
+            with contextlib.suppress(OSError):
+                os.unlink(lock)
+            raise
+    finally:
+        os.close(fd)

@@ -29,6 +29,7 @@ import numpy as np
 
 from mingpt.common import files
 from mingpt.common.errors import DataError
+from mingpt.tokens.token_file import read_header
 
 LLMC, NANOGPT = "llmc", "nanogpt"
 SHARD_FORMATS = (LLMC, NANOGPT)
@@ -319,3 +320,26 @@ def allow_open_files(count: int) -> None:
         raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
         with contextlib.suppress(ValueError, OSError):  # then mapping says so (map_ids)
             resource.setrlimit(resource.RLIMIT_NOFILE, (max(raised, soft), hard))
+
+
+# ------------------------------------------------------------------------ the project's own token files
+
+MINGPT = "mingpt"
+"""The project's token files (token_file.py), as the prepared files of a set of texts (text_set.py)
+are read: one stream, as shards are, so that the split, the sample order and resuming are the same."""
+FORMAT_NAMES[MINGPT] = "text"
+
+
+def open_token_files(paths: list[Path], key: str, tokenizer_settings: dict) -> ShardStream:
+    """A set's token files as one stream, each laid out as its header says (the ids are not read:
+    the preparation checked them); all made with these tokenizer settings, so of one vocabulary."""
+    shards = []
+    for path in paths:
+        header = read_header(path)
+        if header["tokenizer"] != tokenizer_settings:
+            raise DataError(f"token file {path} was made by another run, for other tokenizer settings; run "
+                            "one tokenizer setting per set at a time, then start again")
+        shards.append(Shard(Path(path), MINGPT, np.dtype(header["dtype"]), header["data_offset"],
+                            header["n_tokens"]))
+    allow_open_files(len(shards))
+    return ShardStream(shards, key, None)

@@ -173,18 +173,40 @@ def text_chunks(source: str) -> Iterator[str]:
                 return
 
 
-def count_codepoints(source: str) -> np.ndarray:
+class PlainText:
+    """How a source becomes text: a UTF-8 text read as it is (the project's one kind until sets of
+    files; tokens/text_set.py reads JSON lines and Parquet documents as subclasses of this)."""
+
+    def settings(self) -> Optional[dict]:
+        """What the reading depends on, kept in the token file's header ("reader"; none for a plain
+        text, whose files predate readers): a file read with other settings is made again."""
+        return None
+
+    def texts(self, source: str) -> Iterator[str]:
+        """The source's text, a chunk at a time."""
+        return text_chunks(source)
+
+    def bpe_ids(self, source: str, tokenizer: Tokenizer, config: dict, dtype: np.dtype
+                ) -> Iterator[np.ndarray]:
+        """The source's ids under a BPE (config: its tokenizer.json, parsed), a chunk at a time."""
+        return encode_pieces(tokenizer, config, self.texts(source), dtype)
+
+
+PLAIN = PlainText()
+
+
+def count_codepoints(source: str, reader: PlainText = PLAIN) -> np.ndarray:
     """Pass 1: how often each code point occurs, over the whole text."""
     counts = np.zeros(N_CODEPOINTS, np.int64)
-    for text in text_chunks(source):
+    for text in reader.texts(source):
         chunk_counts = np.bincount(codepoints(text))
         counts[: len(chunk_counts)] += chunk_counts
     return counts
 
 
-def id_chunks(source: str, lut: np.ndarray) -> Iterator[np.ndarray]:
+def id_chunks(source: str, lut: np.ndarray, reader: PlainText = PLAIN) -> Iterator[np.ndarray]:
     """Pass 2: the ids of the text, a chunk at a time."""
-    for text in text_chunks(source):
+    for text in reader.texts(source):
         yield lut[codepoints(text)]
 
 
@@ -292,14 +314,15 @@ def open_token_file(path: Path) -> TokenFile:
                      header["tokenizer"])
 
 
-def is_up_to_date(path: Path, source_fingerprint: dict, settings: dict) -> bool:
+def is_up_to_date(path: Path, source_fingerprint: dict, settings: dict, reader: PlainText = PLAIN) -> bool:
     """Whether path is a whole, undamaged token file of this version of the source, made with
-    these tokenizer settings."""
+    these tokenizer settings (and read with these reader settings)."""
     try:
         header = read_header(path)
     except DataError:
         return False
     return header["fingerprint"] == source_fingerprint and header["tokenizer"] == settings and \
+        header.get("reader") == reader.settings() and \
         data_crc32(path, header["data_offset"]) == header["crc32"]
 
 
@@ -329,25 +352,26 @@ def empty_text(source: str) -> DataError:
                      "point data_config.path at a non-empty UTF-8 text file")
 
 
-def character_plan(source: str) -> tuple[dict, Iterator[np.ndarray]]:
+def character_plan(source: str, reader: PlainText = PLAIN) -> tuple[dict, Iterator[np.ndarray]]:
     """Pass 1 counts the characters; the header's vocabulary fields, and pass 2, the ids."""
-    counts = count_codepoints(source)
+    counts = count_codepoints(source, reader)
     n_tokens = int(counts.sum())
     if n_tokens == 0:
         raise empty_text(source)
     vocab, lut = vocabulary(counts)
     return {"vocab": vocab, "vocab_size": len(vocab), "dtype": lut.dtype.name, "n_tokens": n_tokens}, \
-        id_chunks(source, lut)
+        id_chunks(source, lut, reader)
 
 
-def bpe_plan(source: str, choice: TokenizerChoice, size: Optional[int]) -> tuple[dict, Iterator[np.ndarray]]:
+def bpe_plan(source: str, choice: TokenizerChoice, size: Optional[int], reader: PlainText = PLAIN
+             ) -> tuple[dict, Iterator[np.ndarray]]:
     """The BPE (read, or trained on a sample), and the ids of the text under it, in one pass."""
     tokenizer_json = choice.file.json if choice.file else train_bpe(
         bpe_sample(source, size, choice.sample_bytes), choice.vocab_size).to_str()
     tokenizer = Tokenizer.from_str(tokenizer_json)
     vocab_size = len(token_list(tokenizer))
     dtype = id_dtype(vocab_size)
-    chunks = encode_pieces(tokenizer, json.loads(tokenizer_json), text_chunks(source), dtype)
+    chunks = reader.bpe_ids(source, tokenizer, json.loads(tokenizer_json), dtype)
     return {"tokenizer_json": tokenizer_json, "vocab_size": vocab_size, "dtype": dtype.name}, chunks
 
 
@@ -361,16 +385,18 @@ def bpe_sample(source: str, size: Optional[int], sample_bytes: int) -> Iterator[
             yield window_text(f.read(length), whole=(offset, length) == (0, size))
 
 
-def build(source: str, path: Path, source_fingerprint: dict, choice: TokenizerChoice = TokenizerChoice()
-          ) -> None:
+def build(source: str, path: Path, source_fingerprint: dict, choice: TokenizerChoice = TokenizerChoice(),
+          reader: PlainText = PLAIN) -> None:
     """Encode source into path in streaming passes, atomically: a temporary file in the same
     folder, fsync'ed, then renamed, so path is either absent, the old file or the whole new one."""
     if choice.is_char:
-        fields, chunks = character_plan(source)
+        fields, chunks = character_plan(source, reader)
     else:
-        fields, chunks = bpe_plan(source, choice, source_fingerprint.get("size"))
+        fields, chunks = bpe_plan(source, choice, source_fingerprint.get("size"), reader)
     header = {"version": VERSION, "tokenizer": choice.settings(), **fields,
               "fingerprint": source_fingerprint, "source": source}
+    if reader.settings() is not None:
+        header["reader"] = reader.settings()
     header["data_offset"] = data_offset_for(header)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp")
     try:
@@ -437,8 +463,8 @@ def token_file_for(source: str, cache_dir: Optional[str] = None, choice: Tokeniz
     return files.cache_folder(cache_dir) / f"{basename}-{digest}{suffix}"
 
 
-def prepare(source: str, cache_dir: Optional[str] = None, choice: TokenizerChoice = TokenizerChoice()
-            ) -> tuple[Path, bool]:
+def prepare(source: str, cache_dir: Optional[str] = None, choice: TokenizerChoice = TokenizerChoice(),
+            reader: PlainText = PLAIN) -> tuple[Path, bool]:
     """The token file of source, and whether it was (re)built now.
 
     Safe to call from many processes at once: they take turns under a lock, the first builds, the
@@ -446,16 +472,39 @@ def prepare(source: str, cache_dir: Optional[str] = None, choice: TokenizerChoic
     source or made with other tokenizer settings is rebuilt.
     """
     fingerprint(source)  # a missing source fails here, before a lock file is made beside it
-    settings = choice.settings()  # a bad tokenizer.json too
+    choice.settings()  # a bad tokenizer.json too
     path = token_file_for(source, cache_dir, choice)
     try:
         with files.locked(path):
-            source_fingerprint = fingerprint(source)
-            if is_up_to_date(path, source_fingerprint, settings):
-                return path, False
-            remove_leftovers(path)
-            build(source, path, source_fingerprint, choice)
-            return path, True
+            return path, make_under_lock(source, path, choice, reader)
     except OSError as e:  # the source's own errors are DataErrors by now: this is the token file's
-        raise DataError(f"cannot write the token file {path} ({e}); "
-                        "free space on its disk or make its folder writable") from None
+        raise cannot_write(path, e) from None
+
+
+def prepare_if_free(source: str, cache_dir: Optional[str], choice: TokenizerChoice, reader: PlainText = PLAIN
+                    ) -> Optional[tuple[Path, bool]]:
+    """prepare(), unless another process is preparing source now: then None at once (the preparers
+    of a set of texts move on to its next file, and come back to this one at the end)."""
+    fingerprint(source)
+    choice.settings()
+    path = token_file_for(source, cache_dir, choice)
+    try:
+        with files.try_locked(path) as held:
+            return (path, make_under_lock(source, path, choice, reader)) if held else None
+    except OSError as e:
+        raise cannot_write(path, e) from None
+
+
+def make_under_lock(source: str, path: Path, choice: TokenizerChoice, reader: PlainText) -> bool:
+    """With path's lock held: whether path had to be (re)built now, which it then was."""
+    source_fingerprint = fingerprint(source)
+    if is_up_to_date(path, source_fingerprint, choice.settings(), reader):
+        return False
+    remove_leftovers(path)
+    build(source, path, source_fingerprint, choice, reader)
+    return True
+
+
+def cannot_write(path: Path, e: OSError) -> DataError:
+    return DataError(f"cannot write the token file {path} ({e}); "
+                     "free space on its disk or make its folder writable")

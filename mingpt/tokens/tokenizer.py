@@ -217,14 +217,16 @@ def not_byte_level_bpe(config: dict) -> Optional[str]:
 
 # ----------------------------------------------------------------------------------------- training
 
-def train_bpe(texts: Iterator[str], vocab_size: int) -> Tokenizer:
+def train_bpe(texts: Iterator[str], vocab_size: int, special_tokens: Sequence[str] = ()) -> Tokenizer:
     """A byte-level BPE with GPT-2's pre-tokenizer, trained on texts. Training is deterministic
     (the same texts give the same merges in every process, whatever its thread count), so every
-    machine of a job makes the same tokenizer from the same corpus."""
+    machine of a job makes the same tokenizer from the same corpus. special_tokens (a set of
+    documents' <|endoftext|>) take the first ids and count in vocab_size."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=MIN_FREQUENCY, show_progress=False,
+                                  special_tokens=list(special_tokens),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(texts, trainer)
     return tokenizer

@@ -169,7 +169,7 @@ def bad_set(tmp_path: Path, ids: np.ndarray, case: str) -> tuple[str, dict]:
     elif case == "empty shard":
         write_llmc_shard(shard, [])
     elif case == "empty folder":
-        (shard.parent / "notes.txt").write_text("no shards here")
+        (shard.parent / "notes.md").write_text("no shards here, and no texts (a .txt would be a set of one)")
         return str(shard.parent), {}
     elif case == "glob matching nothing":
         return str(shard.parent / "fineweb_train_*.bin"), {}

@@ -1,0 +1,390 @@
+"""A corpus of many files: texts, JSON lines or Parquet, each prepared once into a token file of its
+own, by every process of the machine in turn, and read as one stream of ids.
+
+What a set is (set_files): `data_config.path` (or val_path) a folder, or a glob, whose files are
+texts by their suffix: `.txt` (UTF-8, read as it is), `.jsonl` (one JSON object a line, the document
+under `data_config.text_field`) or `.parquet` (the documents in the column of that name, as Hugging
+Face datasets publish them). A single `.jsonl` or `.parquet` file is a set of one; a single `.txt` (or
+any other text) stays one text, as it always was; `.bin` files are shards (shards.py); texts and shards
+in one set are refused. Other files in a folder (token files, locks, a README) are left alone.
+
+Documents: a JSON lines or Parquet file's documents each end with the tokenizer's `<|endoftext|>`
+(GPT-2's tokenizer.json has it, and a BPE trained here for a set has it as its first token), else with
+a newline: ended rather than joined, so that the files of a set, read one after the other, keep every
+boundary between documents marked (as llm.c's FineWeb shards do), and a window that crosses a file's
+end crosses a document's end. Each document is encoded on its own (GPT-2's way), with no word across
+two documents. A `.txt` file is read as it is: its own line breaks, nothing added.
+
+Tokenizers: one vocabulary for the whole set. A BPE (`bpe`) is trained once, on a sample of the set's
+first SAMPLE_FILES files, and kept as a tokenizer.json beside them (bpe-<digest>.tokenizer.json, the
+digest of the settings and of those files' sizes and times: a changed sample trains again); every
+file's token file is made with it, as with a tokenizer.json given. Characters (`char`) give each text a
+vocabulary of its own: a set of several files needs `bpe` or a tokenizer.json (refused in one line
+otherwise), a set of one file is that file's characters. (A union of the files' characters would need
+every file read before any is encoded, and every file made again when a new file brings a character.)
+
+Preparation (prepare_set): each process of the machine goes through the files in order and takes
+every file whose lock it finds free (token_file.prepare_if_free), skipping those another process holds;
+then it waits for those (token_file.prepare), which are made by then. So N processes prepare a folder
+at nearly N times the speed of one, each file once; a file whose token file is current (the source's
+size and time, the tokenizer and reader settings, the checksum) is not made again. An error (a bad
+line, a missing column, a text not UTF-8) removes the token files this process made in this call:
+a set is prepared whole or left as it was.
+
+Parquet needs pyarrow, an optional extra (`pip install 'mingpt-ddp[parquet]'`): it is Apache Arrow's
+reference reader, the one Hugging Face datasets itself uses, reads a column a batch of rows at a time
+(memory bounded by a row group, not the file) with every codec those files use; fastparquet needs
+pandas, polars a query engine. Nothing else of the project needs it, so a set without Parquet files
+does not either.
+"""
+import contextlib
+import glob
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Union
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from mingpt.common import files
+from mingpt.common.errors import DataError
+from mingpt.tokens import token_file
+from mingpt.tokens.bpe_encoder import PIECE_BYTES, Encoder, cut_pieces, line_cut, word_cut
+from mingpt.tokens.shards import AUTO, SHARD_FORMATS, SUFFIX, ShardStream, open_token_files
+from mingpt.tokens.token_file import CHUNK_BYTES, PLAIN, PlainText, TokenFile, open_token_file
+from mingpt.tokens.tokenizer import BPE, END_OF_TEXT, TokenizerChoice, train_bpe
+
+TXT, JSONL, PARQUET = ".txt", ".jsonl", ".parquet"
+TEXT_SUFFIXES = (TXT, JSONL, PARQUET)
+DOCUMENT_SUFFIXES = (JSONL, PARQUET)
+DEFAULT_TEXT_FIELD = "text"
+SAMPLE_FILES = 8
+"""A set's BPE is trained on a sample of its first files (sorted by path), bpe_sample_mb in all."""
+NEWLINE = "\n"
+PARQUET_BATCH_ROWS = 1024
+IDS_PER_CHUNK = 1 << 20
+PYARROW = "pip install 'mingpt-ddp[parquet]' (or pip install pyarrow)"
+
+
+# -------------------------------------------------------------------------------------- what a set is
+
+def set_files(path: str, format: str, key: str) -> Optional[list[Path]]:
+    """The files of the set of texts that path names, in sorted path order; None when it names one
+    text (as it always did) or shards (shards.py). Every refusal of the set's shape is here."""
+    if format in SHARD_FORMATS:
+        return None
+    if files.is_remote(path):
+        if path.endswith(DOCUMENT_SUFFIXES) and format == AUTO:
+            raise DataError(f"{key}: {path}: remote sets of texts are not supported yet; copy them locally")
+        return None
+    local = files.local_path(path)
+    if os.path.isfile(local):
+        return [Path(local)] if format == AUTO and Path(local).suffix in DOCUMENT_SUFFIXES else None
+    folder = os.path.isdir(local)
+    if folder:
+        found = sorted(child for child in Path(local).iterdir() if child.is_file())
+    elif glob.has_magic(local):
+        found = sorted(Path(match) for match in glob.glob(local) if os.path.isfile(match))
+        if not found:
+            raise DataError(f"{key}: the glob {path} matches no file; check the pattern (and quote it, so "
+                            "that the shell leaves it to the data loader)")
+    else:
+        return None  # no such file: the text's own error says so
+    texts = [found_file for found_file in found if found_file.suffix in TEXT_SUFFIXES]
+    shards = [found_file for found_file in found if found_file.suffix == SUFFIX]
+    if texts and shards:
+        raise DataError(f"{key}: {texts[0]} is neither an llm.c shard (no magic number) nor a {SUFFIX} file "
+                        f"of nanoGPT's but a text, and {shards[0]} a shard: a set is of texts (.txt, .jsonl, "
+                        ".parquet) or of shards (.bin), not both; give one kind")
+    if texts:
+        return texts
+    if folder and not shards:
+        raise DataError(f"{key}: the folder {path} holds no {SUFFIX} shards and no texts (.txt, .jsonl or "
+                        ".parquet files); point it at a folder of either, or at a text")
+    if format != AUTO:  # format=text: a folder or glob of no texts
+        raise DataError(f"{key}: {path} names no texts (.txt, .jsonl or .parquet files) under "
+                        "data_config.format=text; point it at texts, or use format=auto for shards")
+    return None  # shards, or files of other kinds: shards.py reads or refuses them
+
+
+@dataclass(frozen=True)
+class TextSet:
+    """A set's files and what makes their ids: the user's tokenizer choice and the documents' field."""
+
+    key: str
+    files: tuple
+    choice: TokenizerChoice
+    text_field: str = DEFAULT_TEXT_FIELD
+    cache_dir: Optional[str] = None
+
+    def tokenizer(self, make: bool) -> TokenizerChoice:
+        """What makes every file's ids: the tokenizer.json given, the set's BPE (trained now when make
+        and missing), or characters for a set of one file."""
+        if self.choice.is_char:
+            if len(self.files) > 1:
+                raise DataError(f"data_config.tokenizer: {self.key} is a set of {len(self.files)} texts, and "
+                                "char would give each a vocabulary of its own; set data_config.tokenizer=bpe "
+                                "(trained once on the set) or to a tokenizer.json")
+            return self.choice
+        if self.choice.name != BPE:
+            return self.choice
+        path = self.bpe_path()
+        if make:
+            train_set_bpe(self, path)
+        elif not path.exists():
+            raise DataError(f"{self.key}: the set's BPE {path} is missing; prepare the data again "
+                            "(python mingpt/prepare_data.py <data_config.path> --tokenizer bpe)")
+        return TokenizerChoice(str(path))
+
+    def bpe_path(self) -> Path:
+        """Where the set's BPE is kept: beside its first file (or in the cache folder), named by a
+        digest of the settings and of the sampled files' versions."""
+        sampled = self.files[:SAMPLE_FILES]
+        made_from = {"settings": self.choice.settings(), "text_field": self.text_field,
+                     "sample": [[str(Path(f).resolve()), token_file.fingerprint(str(f))] for f in sampled]}
+        digest = hashlib.sha256(json.dumps(made_from, sort_keys=True).encode()).hexdigest()[:16]
+        folder = Path(sampled[0]).parent
+        if not token_file.folder_is_writable(folder):
+            folder = files.cache_folder(self.cache_dir)
+        return folder / f"bpe-{digest}.tokenizer.json"
+
+    def reader(self, source: Path, tokenizer_json: Optional[str]) -> PlainText:
+        """How a file of the set becomes text: as it is, or its documents, each ended by the
+        tokenizer's end-of-text token or a newline."""
+        if source.suffix not in DOCUMENT_SUFFIXES:
+            return PLAIN
+        has_end = tokenizer_json is not None and END_OF_TEXT in Tokenizer.from_str(tokenizer_json).get_vocab()
+        kind = JsonLines if source.suffix == JSONL else Parquet
+        return kind(self.text_field, END_OF_TEXT if has_end else NEWLINE, self.key)
+
+    def token_files(self, tokenizer: TokenizerChoice) -> list[Path]:
+        return [token_file.token_file_for(str(f), self.cache_dir, tokenizer) for f in self.files]
+
+
+# -------------------------------------------------------------------------------------------- readers
+
+class Documents(PlainText):
+    """A file of documents, each ended by separator (END_OF_TEXT, as one token, or a newline)."""
+
+    kind = ""
+
+    def __init__(self, text_field: str, separator: str, key: str):
+        self.text_field = text_field
+        self.separator = separator
+        self.key = key
+
+    def settings(self) -> dict:
+        return {"kind": self.kind, "text_field": self.text_field, "separator": self.separator}
+
+    def documents(self, source: str) -> Iterator[str]:
+        raise NotImplementedError
+
+    def texts(self, source: str) -> Iterator[str]:
+        """The documents, each followed by a newline, in chunks of about CHUNK_BYTES characters (the
+        characters' passes; a BPE without an end-of-text token)."""
+        batch, size = [], 0
+        for document in self.documents(source):
+            batch += [document, NEWLINE]
+            size += len(document) + 1
+            if size >= CHUNK_BYTES:
+                yield "".join(batch)
+                batch, size = [], 0
+        if batch:
+            yield "".join(batch)
+
+    def bpe_ids(self, source: str, tokenizer: Tokenizer, config: dict, dtype: np.dtype
+                ) -> Iterator[np.ndarray]:
+        """Each document's ids on its own, then the end-of-text id, in chunks of about IDS_PER_CHUNK."""
+        end = tokenizer.token_to_id(END_OF_TEXT) if self.separator == END_OF_TEXT else None
+        if end is None:
+            yield from super().bpe_ids(source, tokenizer, config, dtype)
+            return
+        encoder = Encoder(tokenizer, config, dtype)
+        cut = word_cut if encoder.fast else line_cut
+        ended = np.array([end], dtype)
+        pending, count = [], 0
+        for document in self.documents(source):
+            for piece in cut_pieces([document.encode("utf-8")], PIECE_BYTES, cut):
+                pending.append(encoder.encode(piece))
+                count += len(pending[-1])
+            pending.append(ended)
+            count += 1
+            if count >= IDS_PER_CHUNK:
+                yield np.concatenate(pending)
+                pending, count = [], 0
+        if pending:
+            yield np.concatenate(pending)
+
+    def sample(self, source: str, sample_bytes: int) -> Iterator[str]:
+        """The leading documents, about sample_bytes of them: a set's BPE trains on them."""
+        taken = 0
+        for document in self.documents(source):
+            yield document
+            taken += len(document)
+            if taken >= sample_bytes:
+                return
+
+
+class JsonLines(Documents):
+    kind = "jsonl"
+
+    def documents(self, source: str) -> Iterator[str]:
+        """The text_field of each line's object; blank lines are skipped, empty documents too."""
+        with token_file.source_errors(source), open(files.local_path(source), "rb") as f:
+            offset = 0
+            for number, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise DataError(f"{self.key}: {source} is not UTF-8 text ({e.reason} at byte "
+                                    f"{offset + e.start}, line {number}); convert it to UTF-8") from None
+                offset += len(raw)
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError as e:
+                    raise DataError(f"{self.key}: {source} line {number} is not JSON ({e.msg}, column "
+                                    f"{e.colno}); give one JSON object per line") from None
+                text = record.get(self.text_field) if isinstance(record, dict) else None
+                if not isinstance(text, str):
+                    raise DataError(f"{self.key}: {source} line {number} "
+                                    f"{self.what_is_there(record)}; set data_config.text_field to the field "
+                                    "that holds the text")
+                if text:
+                    yield text
+
+    def what_is_there(self, record: object) -> str:
+        if not isinstance(record, dict):
+            return f"is a JSON {type(record).__name__}, not an object with a \"{self.text_field}\" field"
+        if self.text_field not in record:
+            return f"has no \"{self.text_field}\" field (it has {', '.join(map(repr, list(record)[:5]))})"
+        return f"has a {type(record[self.text_field]).__name__} as \"{self.text_field}\", not a string"
+
+
+class Parquet(Documents):
+    kind = "parquet"
+
+    def documents(self, source: str) -> Iterator[str]:
+        """The text column, a batch of rows at a time; null and empty documents are skipped."""
+        parquet = check_parquet(source, self.text_field, self.key)
+        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[self.text_field]):
+            for text in batch.column(0).to_pylist():
+                if text:
+                    yield text
+
+
+def check_parquet(source: str, text_field: str, key: str):
+    """The Parquet file, opened and checked: pyarrow installed, a string column of that name."""
+    try:
+        import pyarrow.parquet as pq
+        import pyarrow.types as types
+    except ImportError:
+        raise DataError(f"{key}: {source} is Parquet, which needs pyarrow: {PYARROW}") from None
+    try:
+        parquet = pq.ParquetFile(files.local_path(source))
+    except OSError as e:
+        raise DataError(f"{key}: {source} is not a readable Parquet file ({e}); check the file") from None
+    schema = parquet.schema_arrow
+    if text_field not in schema.names:
+        columns = ", ".join(schema.names[:8])
+        raise DataError(f"{key}: {source} has no column \"{text_field}\" (its columns: {columns}); set "
+                        "data_config.text_field to the column that holds the text")
+    column = schema.field(text_field).type
+    if not (types.is_string(column) or types.is_large_string(column)
+            or getattr(types, "is_string_view", lambda _: False)(column)):
+        raise DataError(f"{key}: {source}'s column \"{text_field}\" holds {column}, not strings; set "
+                        "data_config.text_field to the column that holds the text")
+    return parquet
+
+
+# --------------------------------------------------------------------------------------- preparing
+
+def train_set_bpe(text_set: TextSet, path: Path) -> None:
+    """The set's BPE, trained once under path's lock (the other preparers wait, then find it), on
+    bpe_sample_mb MB spread over its first files, with <|endoftext|> as a token; written atomically."""
+    with files.locked(path):
+        if path.exists():
+            return
+        sampled = text_set.files[:SAMPLE_FILES]
+        share = max(text_set.choice.sample_bytes // len(sampled), 1)
+        texts = (text for source in sampled for text in sample_texts(text_set, Path(source), share))
+        tokenizer = train_bpe(texts, text_set.choice.vocab_size, special_tokens=[END_OF_TEXT])
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as out:
+                out.write(tokenizer.to_str())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+
+def sample_texts(text_set: TextSet, source: Path, sample_bytes: int) -> Iterator[str]:
+    """A file's share of the BPE's sample: windows spread over a text, a documents file's first ones."""
+    reader = text_set.reader(source, None)
+    if isinstance(reader, Documents):
+        return reader.sample(str(source), sample_bytes)
+    size = token_file.fingerprint(str(source))["size"]
+    return token_file.bpe_sample(str(source), size, sample_bytes) if size else iter(())
+
+
+Report = Callable[[Path, Path, bool], None]
+"""Told of each file a process is done with: the source, its token file, whether it made it now."""
+
+
+def prepare_set(text_set: TextSet, report: Optional[Report] = None) -> list[Path]:
+    """Every file's token file, made by this process or another one of the machine (see the module's
+    docstring), current when this returns; its paths, in the set's order."""
+    bpe_path = text_set.bpe_path() if text_set.choice.name == BPE else None
+    bpe_was_there = bpe_path is not None and bpe_path.exists()
+    tokenizer = text_set.tokenizer(make=True)
+    tokenizer_json = None if tokenizer.is_char else tokenizer.file.json
+    readers = [text_set.reader(Path(f), tokenizer_json) for f in text_set.files]
+    for source, reader in zip(text_set.files, readers):  # what can be checked cheaply, before any is made
+        if isinstance(reader, Parquet):
+            check_parquet(str(source), reader.text_field, text_set.key)
+    made: list[Path] = []
+    try:
+        waiting = []
+        for source, reader in zip(text_set.files, readers):
+            done = token_file.prepare_if_free(str(source), text_set.cache_dir, tokenizer, reader)
+            if done is None:
+                waiting.append((source, reader))
+            else:
+                tell(report, source, *done, made)
+        for source, reader in waiting:
+            done = token_file.prepare(str(source), text_set.cache_dir, tokenizer, reader)  # made by now
+            tell(report, source, *done, made)
+    except DataError:
+        for path in made + ([bpe_path] if bpe_path is not None and not bpe_was_there else []):
+            for leftover in (path, Path(f"{path}.lock")):
+                with contextlib.suppress(FileNotFoundError):
+                    leftover.unlink()
+        raise
+    return text_set.token_files(tokenizer)
+
+
+def tell(report: Optional[Report], source: Path, path: Path, now: bool, made: list[Path]) -> None:
+    if now:
+        made.append(path)
+    if report is not None:
+        report(Path(source), path, now)
+
+
+# ----------------------------------------------------------------------------------------- reading
+
+def open_set(text_set: TextSet) -> Union[TokenFile, tuple[ShardStream, str]]:
+    """The prepared set: a set of one file is that file's token file; a larger one the stream of its
+    token files (shards of the project's format) and the tokenizer.json they share."""
+    tokenizer = text_set.tokenizer(make=False)
+    paths = text_set.token_files(tokenizer)
+    if len(paths) == 1:
+        return open_token_file(paths[0])
+    return open_token_files(paths, text_set.key, tokenizer.settings()), tokenizer.file.json
