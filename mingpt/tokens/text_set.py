@@ -246,7 +246,7 @@ class JsonLines(Documents):
                 if not line.strip():
                     continue
                 try:
-                    record = json.loads(line)
+                    record = json.loads(line.rstrip("\r\n"))  # a column counts within the line
                 except ValueError as e:
                     raise DataError(f"{self.key}: {source} line {number} is not JSON ({e.msg}, column "
                                     f"{e.colno}); give one JSON object per line") from None
