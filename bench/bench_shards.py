@@ -22,7 +22,8 @@ that has not read them yet):
   arrival times), against the loader alone: tokens/s of batches read through the Trainer's DataLoader
   (make_dataloader over the training split, 0 and 1 workers), of the run's shape and of GPT-2's on an
   H100 (32 x 1024, whose step consumes H100_GPT2_TOKENS_PER_S), first from cold pages, then the same
-  batches again from the page cache.
+  batches again from the page cache; each in the training order's default (data_config.shards_at_once=2:
+  two shards at a time, the next read ahead) and in one permutation of the whole set (0).
 Each main.py run is made --repeats times, alternating shards and corpus; the verdicts take the medians.
 Targets (issue 40, for 10 GB): start-up under 10 s, private memory within 50 MB of the 1 MB corpus's,
 the loader at least 10x the step's consumption. Figures printed and written as JSON (--json).
@@ -171,7 +172,9 @@ def write_shards(folder: Path, count: int, tokens_per_shard: int) -> tuple[list[
 
 
 def drop_from_cache(paths: list[Path]) -> None:
-    """These files' pages out of the page cache (theirs only; the machine's other files stay)."""
+    """These files' pages out of the page cache (theirs only; the machine's other files stay). Written
+    back first: the kernel drops only clean pages, and freshly written shards are dirty ones."""
+    os.sync()
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -253,19 +256,21 @@ def measure_run(command_args: list[str], workdir: Path, args) -> dict:
 
 
 def loader_speed(path: str, val_path: str, tokenizer: str, shape: tuple[int, int], workers: int,
-                 batches: int, cold: bool) -> dict:
+                 batches: int, cold: bool, shards_at_once: int = 2) -> dict:
     """Tokens/s of the Trainer's training DataLoader alone, for one rank, after its first batch; cold:
-    the shards' pages dropped from the page cache first (else they hold the same batches' pages)."""
+    the shards' pages dropped from the page cache first (else they hold the same batches' pages).
+    shards_at_once: the training order's (0: windows of the whole set in one permutation)."""
     batch_size, block_size = shape
     config = DataConfig(path=path, val_path=val_path, tokenizer=tokenizer, block_size=block_size,
-                        truncate=1.0)
+                        truncate=1.0, shards_at_once=shards_at_once)
     dataset = open_corpus(config)
     train_set, _ = split_dataset(dataset, config, SEED, open_corpus(config, validation=True))
     if cold:
         drop_from_cache([shard.path for shard in dataset.shards.shards])
     env = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"),
                   backend="gloo")
-    loader = make_dataloader(train_set, batch_size, workers, env, shuffle=True, seed=SEED)
+    loader = make_dataloader(train_set, batch_size, workers, env, shuffle=True, seed=SEED,
+                             blocks=train_set.blocks())  # as rank_loaders reads a training split
     start = time.perf_counter()
     read = iter(loader)
     next(read)  # the worker's start, timed apart
@@ -274,7 +279,8 @@ def loader_speed(path: str, val_path: str, tokenizer: str, shape: tuple[int, int
     for _ in range(batches):
         windows = next(read)
     seconds = time.perf_counter() - start
-    return {"workers": workers, "pages": "cold" if cold else "cached", "batches": batches,
+    return {"workers": workers, "pages": "cold" if cold else "cached", "shards_at_once": shards_at_once,
+            "batches": batches,
             "batch_shape": list(windows.shape), "first_batch_s": first_batch_s, "seconds": seconds,
             "tokens_per_s": batches * batch_size * block_size / seconds}
 
@@ -285,8 +291,8 @@ def loader_child(args) -> None:
     path, val_path, tokenizer = args.measure_loader
     shapes = [((args.batch_size, args.block_size), args.loader_batches),
               (GPT2_SHAPE, max(args.loader_batches // 5, 1))]
-    emit([loader_speed(path, val_path, tokenizer, shape, workers, batches, cold)
-          for shape, batches in shapes for workers in (0, 1) for cold in (True, False)])
+    emit([loader_speed(path, val_path, tokenizer, shape, workers, batches, cold, at_once)
+          for shape, batches in shapes for workers in (0, 1) for cold in (True, False) for at_once in (2, 0)])
 
 
 def measure_loader(path: str, val_path: str, tokenizer: Path, args) -> dict:
@@ -307,9 +313,11 @@ def median(values: list) -> Optional[float]:
 
 
 def loader_best(loader: dict, shape: list[int], pages: str) -> Optional[float]:
-    """The faster worker count's tokens/s for a batch shape and page state."""
+    """The faster worker count's tokens/s for a batch shape and page state, in the training order's
+    default (two shards at a time)."""
     found = [run["tokens_per_s"] for run in loader["runs"] if run["batch_shape"][0] == shape[0]
-             and run["batch_shape"][1] == shape[1] + 1 and run["pages"] == pages]
+             and run["batch_shape"][1] == shape[1] + 1 and run["pages"] == pages
+             and run.get("shards_at_once", 2) == 2]
     return max(found, default=None)
 
 
@@ -383,7 +391,9 @@ def table(report: dict) -> list[tuple[str, str, str, str]]:
     ]
     for run in report["loader"]["runs"]:
         shape = f"{run['batch_shape'][0]} x {run['batch_shape'][1] - 1}"
-        rows.append((f"loader alone, {shape}, {run['workers']} worker(s), {run['pages']} pages",
+        at_once = run.get("shards_at_once", 2)
+        order = f"{at_once} shards at once" if at_once else "whole set"
+        rows.append((f"loader, {shape}, {run['workers']} worker(s), {run['pages']}, {order}",
                      fmt(run["tokens_per_s"], "tokens/s"), "", ""))
     rows.append(("  loader (cold) over this CPU's step", fmt(report["loader_over_step"], "x"),
                  f">= {TARGETS['loader_over_step']:.0f}x", MARKS[v["loader_over_step"]]))
