@@ -65,6 +65,24 @@ def info(url: str) -> dict:
     return fs.info(path)
 
 
+def glob(url: str) -> list[str]:
+    """The files a glob names, as URLs of their filesystem, sorted."""
+    fs, path = _resolve(url)
+    return sorted(fs.unstrip_protocol(found) for found in fs.glob(path) if fs.isfile(found))
+
+
+def read_range(url: str, start: int, end: int) -> bytes:
+    """Bytes start..end of a file (fewer at its end), in one request."""
+    fs, path = _resolve(url)
+    return fs.cat_file(path, start=start, end=end)
+
+
+def download(url: str, local: Path) -> None:
+    """A remote file's bytes into a local file, streamed (never whole in memory)."""
+    fs, path = _resolve(url)
+    fs.get_file(path, str(local))
+
+
 def read_bytes(url: str) -> bytes:
     """A whole file, in one request (much faster than a file object on an object store)."""
     fs, path = _resolve(url)

@@ -19,17 +19,19 @@ would then take minutes.
 """
 import contextlib
 import glob
+import json
 import os
 import resource
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
 from mingpt.common import files
-from mingpt.common.errors import DataError
-from mingpt.tokens.token_file import read_header
+from mingpt.common.errors import DataError, short_reason
+from mingpt.tokens.shard_cache import MappedCopies, ShardCache, copy_name, open_remote_headers
+from mingpt.tokens.token_file import VERSION_KEYS, read_header
 
 LLMC, NANOGPT = "llmc", "nanogpt"
 SHARD_FORMATS = (LLMC, NANOGPT)
@@ -73,10 +75,22 @@ class Shard:
     """Where a shard's ids lie in its file, read from its header and size."""
 
     path: Path
+    """The file read: the shard itself, or a remote shard's copy in the cache (made when first read)."""
     format: str
     dtype: np.dtype
     offset: int
     n_tokens: int
+    url: Optional[str] = None
+    """A remote shard's URL (shard_cache.py); None for a shard on this machine."""
+
+    @property
+    def source(self) -> str:
+        """Where the shard lies, as the user named it."""
+        return self.url or str(self.path)
+
+    @property
+    def file_bytes(self) -> int:
+        return self.offset + self.n_tokens * self.dtype.itemsize
 
     @property
     def kind(self) -> str:
@@ -93,7 +107,7 @@ class ShardStream:
     """
 
     def __init__(self, shards: list[Shard], key: str, vocab_size: Optional[int], length: Optional[int] = None,
-                 maps: Optional[list[np.memmap]] = None):
+                 maps: Optional[list[Optional[np.memmap]]] = None, cache: Optional[ShardCache] = None):
         self.shards = shards
         self.key = key
         """The config key the set came from, for errors (data_config.path or val_path)."""
@@ -103,17 +117,38 @@ class ShardStream:
         self.starts = np.concatenate([[0], np.cumsum(counts)])
         """Where each shard starts in the stream, and (last) the stream's end."""
         self.length = int(self.starts[-1]) if length is None else length
-        self._maps = maps if maps is not None else [map_ids(shard) for shard in shards]
+        self.cache = cache
+        """Where remote shards' copies are kept (None: every shard is on this machine)."""
+        self._maps = maps if maps is not None else local_maps(shards)
+        self._copies = self._mapped_copies()
         self.scanned = False
         """Every id was checked against the vocabulary (scan)."""
 
     def __getstate__(self) -> dict:
         """Pickled (a DataLoader worker that is not forked) as its shards, never as their ids."""
-        return {name: value for name, value in vars(self).items() if name != "_maps"}
+        return {name: value for name, value in vars(self).items() if name not in ("_maps", "_copies")}
 
     def __setstate__(self, state: dict) -> None:
         vars(self).update(state)
-        self._maps = [map_ids(shard) for shard in self.shards]
+        self._maps = local_maps(self.shards)
+        self._copies = self._mapped_copies()
+
+    def _mapped_copies(self) -> Optional[MappedCopies]:
+        """Remote shards' maps: at most as many as the cache holds copies of the largest."""
+        if self.cache is None:
+            return None
+        return MappedCopies(self.cache.capacity_bytes // max(shard.file_bytes for shard in self.shards))
+
+    def _map(self, index: int) -> np.memmap:
+        """A shard's ids: mapped at open, or a remote shard's copy, fetched and mapped when first read."""
+        shard = self.shards[index]
+        if shard.url is None:
+            return self._maps[index]
+        return self._copies.get(index, lambda: self._map_copy(shard))
+
+    def _map_copy(self, shard: Shard) -> np.memmap:
+        self.cache.copy_of(shard.url, shard.file_bytes, shard.path)
+        return map_ids(shard)
 
     @property
     def dtype(self) -> np.dtype:
@@ -155,7 +190,7 @@ class ShardStream:
 
     def _read(self, shard: int, positions: np.ndarray) -> np.ndarray:
         """The ids of one shard at stream positions, checked against the vocabulary."""
-        ids = self._maps[shard][positions - self.starts[shard]]
+        ids = self._map(shard)[positions - self.starts[shard]]
         if self.vocab_size is not None and ids.size and int(ids.max()) >= self.vocab_size:
             first_bad = int(np.flatnonzero(ids >= self.vocab_size)[0])
             raise self.beyond_vocabulary(shard, int(ids[first_bad]),
@@ -173,13 +208,19 @@ class ShardStream:
             raise IndexError("a shard stream slices as stream[:n] only")
         n = min(max(index.stop if index.stop is not None else self.length, 0), self.length)
         kept = max(int(np.searchsorted(self.starts, n, side="left")), 1)  # shards holding the first n
-        return ShardStream(self.shards[:kept], self.key, self.vocab_size, n, self._maps[:kept])
+        return ShardStream(self.shards[:kept], self.key, self.vocab_size, n, self._maps[:kept], self.cache)
 
     def read_ahead(self, shards: list[int]) -> None:
-        """Ask the kernel to read these shards into the page cache now, in the background (one call
-        each, nothing waits): the next ones an epoch's order reads (BlockOrder)."""
+        """Bring these shards near in the background (nothing waits): the next ones an epoch's order
+        reads (BlockOrder). Remote shards are fetched into the cache; the kernel is asked to read
+        local ones into the page cache, one call each."""
+        remote = [self.shards[index] for index in shards if self.shards[index].url]
+        if remote:
+            self.cache.fetch_ahead([(shard.url, shard.file_bytes, shard.path) for shard in remote])
         for index in shards:
             shard = self.shards[index]
+            if shard.url:
+                continue
             with contextlib.suppress(OSError, AttributeError):  # a hint: no such call here, nothing worse
                 descriptor = os.open(shard.path, os.O_RDONLY)
                 try:
@@ -197,6 +238,11 @@ class ShardStream:
         self.scanned = True
 
 
+def local_maps(shards: list[Shard]) -> list[Optional[np.memmap]]:
+    """The maps of the shards on this machine, made now (remote shards' copies: when first read)."""
+    return [None if shard.url else map_ids(shard) for shard in shards]
+
+
 def map_ids(shard: Shard) -> np.memmap:
     """A shard's ids, mapped read-only (pages are read when touched, and shared with other ranks)."""
     try:
@@ -209,11 +255,16 @@ def map_ids(shard: Shard) -> np.memmap:
 
 # ------------------------------------------------------------------------------------------ opening
 
-def open_shards(path: str, format: str, vocab_size: Optional[int], key: str) -> ShardStream:
-    """The shards a data path names (a .bin file, a folder of them, or a glob), checked from their
-    headers and sizes, as one stream. format: auto (each file recognised by llm.c's magic, else
-    nanoGPT's for a .bin file) or one of SHARD_FORMATS; key names the config key in errors."""
-    shards = [read_shard(found, format, key) for found in shard_files(path, key)]
+def open_shards(path: str, format: str, vocab_size: Optional[int], key: str,
+                cache: Optional[ShardCache] = None) -> ShardStream:
+    """The shards a data path names (a .bin file, a folder of them, or a glob; remote ones, a file
+    or a glob, through the cache), checked from their headers and sizes, as one stream. format: auto
+    (each file recognised by llm.c's magic, else nanoGPT's for a .bin file) or one of SHARD_FORMATS;
+    key names the config key in errors."""
+    if files.is_remote(path):
+        shards = remote_shards(path, format, key, cache)
+    else:
+        shards = [read_shard(found, format, key) for found in shard_files(path, key)]
     kinds = {(shard.format, shard.dtype) for shard in shards}
     if len(kinds) > 1:
         first = shards[0]
@@ -221,16 +272,40 @@ def open_shards(path: str, format: str, vocab_size: Optional[int], key: str) -> 
         raise DataError(f"{key}: mixed formats in one set: {first.path} is {first.kind}, {other.path} "
                         f"{other.kind}; give the shards of one format")
     allow_open_files(len(shards))
-    stream = ShardStream(shards, key, vocab_size)
-    if vocab_size is not None and len(stream) * stream.dtype.itemsize <= SCAN_LIMIT_BYTES:
+    stream = ShardStream(shards, key, vocab_size, cache=cache if files.is_remote(path) else None)
+    small = len(stream) * stream.dtype.itemsize <= SCAN_LIMIT_BYTES
+    if vocab_size is not None and small and stream.cache is None:
         stream.scan()
     return stream
 
 
+def remote_shards(path: str, format: str, key: str, cache: ShardCache) -> list[Shard]:
+    """The remote shards a URL or a URL's glob names, from their headers (1 KB each, read a few at
+    a time) and sizes; each to be read from its copy in the cache."""
+    try:
+        urls = files.glob(path) if glob.has_magic(path) else [path]
+    except Exception as e:  # no credentials, no such bucket, an unreachable store: s3fs's own kinds
+        raise DataError(f"{key}: cannot list {path} ({short_reason(e)}); check the store and your "
+                        "credentials") from None
+    if not urls:
+        raise DataError(f"{key}: the glob {path} matches no file; check the pattern (and quote it, so that "
+                        "the shell leaves it to the data loader)")
+
+    def read_one(url: str) -> Shard:
+        try:
+            info, head = files.info(url), files.read_range(url, 0, HEADER_BYTES)
+        except Exception as e:
+            raise DataError(f"{key}: cannot read {url} ({short_reason(e)}); check the store, the shard "
+                            "and your credentials") from None
+        version = json.dumps({name: info[name] for name in VERSION_KEYS if name in info}, default=str)
+        shard = shard_of(url, head, info["size"], format, key)
+        return replace(shard, path=cache.folder / copy_name(url, version), url=url)
+
+    return open_remote_headers(urls, read_one)
+
+
 def shard_files(path: str, key: str) -> list[Path]:
     """A glob's matching files, a folder's .bin files, or the one file, sorted by path."""
-    if files.is_remote(path):
-        raise DataError(f"{key}: {path}: {REMOTE}")
     local = files.local_path(path)
     if os.path.isfile(local):
         found = [Path(local)]
@@ -258,9 +333,15 @@ def read_shard(path: Path, format: str, key: str) -> Shard:
             size = os.fstat(f.fileno()).st_size
     except OSError as e:
         raise DataError(f"{key}: cannot read {path} ({e.strerror}); check its permissions") from None
+    return shard_of(path, head, size, format, key)
+
+
+def shard_of(path, head: bytes, size: int, format: str, key: str) -> Shard:
+    """A shard's layout from its first bytes and its size; path (a Path, or a remote shard's URL)
+    names it."""
     magic = int.from_bytes(head[:4], "little", signed=True) if len(head) >= 4 else None
     if format == AUTO:
-        if magic not in LLMC_KINDS and path.suffix != SUFFIX:
+        if magic not in LLMC_KINDS and not str(path).endswith(SUFFIX):
             raise DataError(f"{key}: {path} is neither an llm.c shard (no magic number) nor a {SUFFIX} file "
                             "of nanoGPT's; name shards, or one text (sets of texts are not supported yet)")
         format = LLMC if magic in LLMC_KINDS else NANOGPT
