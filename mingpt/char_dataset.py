@@ -19,8 +19,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from mingpt.common import files
 from mingpt.common.errors import DataError, check, check_choice, check_positive
 from mingpt.tokens.permutation import Blocks, Permutation
+from mingpt.tokens.shard_cache import FOLDER as SHARD_CACHE_FOLDER
+from mingpt.tokens.shard_cache import ShardCache
 from mingpt.tokens.shards import AUTO, FORMATS, ShardStream, names_shards, open_shards
 from mingpt.tokens.text_set import DEFAULT_TEXT_FIELD, TextSet, open_set, prepare_set, set_files
 from mingpt.tokens.token_file import TokenFile, encode_text, open_token_file, prepare, token_file_for
@@ -103,11 +106,17 @@ class DataConfig:
     reads stay within a few shards (their pages cached) instead of scattering over the whole set.
     0: every window of the set in one shuffled order. For shards trained whole (val_path set) or
     cut with split=contiguous; a random split's own permutation scatters them anyway."""
+    shard_cache_gb: float = 10.0
+    """Remote shards (path an s3://... URL or glob of them): the most disk that their copies on
+    this machine take, in the cache folder (data_config.cache_dir), shared by its ranks; the least
+    recently used are deleted first. It must hold twice shards_at_once shards (the group being read
+    and the next, fetched ahead): FineWeb's are 200 MB."""
 
     def __post_init__(self) -> None:
         check_positive(self, "data_config", "block_size")
         check(self.shards_at_once >= 0, "data_config.shards_at_once",
               f"must be 0 (off) or more, got {self.shards_at_once}")
+        check_positive(self, "data_config", "shard_cache_gb")
         check_settings(self.tokenizer, self.bpe_vocab_size, self.bpe_sample_mb)
         check(0.0 < self.train_split < 1.0, "data_config.train_split",
               f"must be between 0 and 1 (exclusive), got {self.train_split}")
@@ -310,13 +319,33 @@ def open_corpus(config: DataConfig, validation: bool = False) -> CharDataset:
             dataset = CharDataset.from_ids(stream, vocabulary_of(tokenizer_json), config.block_size, truncate)
     elif names_shards(path, config.format):
         vocabulary = vocabulary_of_shards(config.tokenizer_choice)
-        stream = open_shards(path, config.format, len(vocabulary), key)
+        stream = open_shards(path, config.format, len(vocabulary), key, remote_cache(config, path, key))
+        check_cache_holds(stream, config.shards_at_once)
         dataset = CharDataset.from_ids(stream, vocabulary, config.block_size, truncate)
     else:
         dataset = CharDataset.from_token_file(open_text(path, config, key), config.block_size, truncate)
     if len(dataset) == 0:
         raise too_short(dataset, path, key, config.block_size, truncate)
     return dataset
+
+
+def remote_cache(config: DataConfig, path: str, key: str) -> Optional[ShardCache]:
+    """Where remote shards' copies go on this machine (None for shards on it)."""
+    if not files.is_remote(path):
+        return None
+    return ShardCache(files.cache_folder(config.cache_dir) / SHARD_CACHE_FOLDER,
+                      int(config.shard_cache_gb * 1e9), key)
+
+
+def check_cache_holds(stream: ShardStream, shards_at_once: int) -> None:
+    """The cache must hold the group of shards being read and the next one, fetched ahead."""
+    if stream.cache is None:
+        return
+    at_once, largest = 2 * max(shards_at_once, 1), max(shard.file_bytes for shard in stream.shards)
+    check(stream.cache.capacity_bytes >= at_once * largest, "data_config.shard_cache_gb",
+          f"{stream.cache.capacity_bytes / 1e9:g} GB holds fewer than the {at_once} shards of up to "
+          f"{largest / 1e9:.3g} GB that are read and fetched ahead at once (2 x data_config.shards_at_once); "
+          f"raise it to at least {at_once * largest / 1e9:.3g}")
 
 
 def vocabulary_of_shards(choice: TokenizerChoice) -> Vocabulary:

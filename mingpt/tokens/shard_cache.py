@@ -45,6 +45,7 @@ class ShardCache:
     """The copies of remote shards on this machine, at most `capacity_bytes` of them."""
 
     def __init__(self, folder: Path, capacity_bytes: int, key: str):
+        folder.mkdir(parents=True, exist_ok=True)
         self.folder = folder
         self.capacity_bytes = capacity_bytes
         self.key = key
@@ -71,6 +72,14 @@ class ShardCache:
                 self._ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-fetch")
         for url, size, local in shards:
             self._ahead.submit(self._quietly, lambda u=url, s=size, p=local: self.copy_of(u, s, p))
+
+    def __getstate__(self) -> dict:
+        """Pickled into a DataLoader worker (spawned) without the fetching thread: workers only read."""
+        return {name: value for name, value in vars(self).items() if name not in ("_ahead", "_ahead_lock")}
+
+    def __setstate__(self, state: dict) -> None:
+        vars(self).update(state)
+        self._ahead, self._ahead_lock = None, threading.Lock()
 
     @staticmethod
     def _quietly(fetch: Callable[[], Path]) -> None:

@@ -191,8 +191,6 @@ def bad_set(tmp_path: Path, ids: np.ndarray, case: str) -> tuple[str, dict]:
     elif case == "char tokenizer":
         write_llmc_shard(shard, ids)
         return str(shard), {"tokenizer": "char"}
-    elif case == "remote":
-        return "s3://bucket/fineweb_train_*.bin", {}
     return str(shard), {}
 
 
@@ -220,7 +218,6 @@ BAD_INPUTS = {
                                  "data_config.tokenizer; give the tokenizer.json that made the shards",
     "char tokenizer": "pre-tokenized shards hold token ids, and char would make a vocabulary of a text; set "
                       "data_config.tokenizer to the tokenizer.json that made the shards",
-    "remote": "s3://bucket/fineweb_train_*.bin: remote shards are not supported yet; copy them locally",
 }
 """What each bad input is refused with, after the key it names (data_config.path; the tokenizer's)."""
 
