@@ -1,0 +1,93 @@
+"""shard_cache.py: shards on S3 (a real moto server on loopback, through s3fs, as test_s3.py) read
+through a bounded cache: the same batches as the same shards on disk, the cache never over its
+bound, each shard fetched once per visit, and each bad input one line."""
+import fsspec
+import numpy as np
+import pytest
+import torch
+from helpers import make_text, write_llmc_shard
+
+from mingpt.char_dataset import DataConfig, open_corpus, split_dataset
+from mingpt.common.errors import ConfigError, DataError
+from mingpt.distributed.process_group import DistEnv
+from mingpt.tokens.data_loader import rank_loaders
+from mingpt.tokens.shard_cache import FOLDER
+from mingpt.tokens.tokenizer import train_bpe
+
+ONE_RANK = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"),
+                   backend="gloo")
+SHARD_IDS = 600
+SHARD_BYTES = 1024 + 2 * SHARD_IDS
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
+    train_bpe(iter([make_text(4000)]), vocab_size=300).save(str(path))
+    return path
+
+
+@pytest.fixture
+def shard_sets(s3, tmp_path, monkeypatch):
+    """Five llm.c shards of 600 ids on disk and the same in the bucket (train_0..3, val_0)."""
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("MINGPT_CACHE_DIR", str(tmp_path / "cache"))
+    local = tmp_path / "local"
+    local.mkdir()
+    ids = np.random.default_rng(0).integers(0, 300, 5 * SHARD_IDS)
+    for index, name in enumerate(["train_0", "train_1", "train_2", "train_3", "val_0"]):
+        write_llmc_shard(local / f"{name}.bin", ids[index * SHARD_IDS:(index + 1) * SHARD_IDS])
+    remote = f"s3://{s3.bucket}/{tmp_path.name}"
+    fsspec.filesystem("s3", skip_instance_cache=True).put(f"{local}/", f"{remote}/", recursive=True)
+    return local, remote
+
+
+def data(path: str, tokenizer, **settings) -> DataConfig:
+    return DataConfig(path=f"{path}/train_*.bin", val_path=f"{path}/val_0.bin", tokenizer=str(tokenizer),
+                      block_size=16, **settings)
+
+
+def batches(config: DataConfig, watch=lambda: None) -> list[torch.Tensor]:
+    """Every training batch of an epoch, as the Trainer's loader gives them (0 workers)."""
+    train, test = split_dataset(open_corpus(config), config, seed=0, validation=open_corpus(config, True))
+    loader, _ = rank_loaders(train, test, 32, 1, 0, 0, 0, ONE_RANK, ())
+    loader.sampler.set_epoch(1)
+    read = []
+    for batch in loader:
+        read.append(batch)
+        watch()
+    return read
+
+
+def test_remote_shards_give_the_batches_of_the_same_shards_on_disk_within_the_cache_bound(
+        shard_sets, tokenizer, tmp_path):
+    local, remote = shard_sets
+    bound = 3 * SHARD_BYTES  # the group being read and the next (2 x 1 shard), and one more
+    copies = tmp_path / "cache" / FOLDER
+    used = []
+
+    def cache_use():
+        used.append(sum(path.stat().st_size for path in copies.glob("*.bin")))
+
+    settings = {"shards_at_once": 1, "shard_cache_gb": bound / 1e9}
+    on_disk = batches(data(str(local), tokenizer, **settings))
+    from_s3 = batches(data(remote, tokenizer, **settings), watch=cache_use)
+    assert len(from_s3) == len(on_disk) > 0
+    assert all(torch.equal(a, b) for a, b in zip(from_s3, on_disk))
+    assert max(used) <= bound and used[-1] > 0
+    assert len(list(copies.glob("*.bin"))) == 3  # four shards read through a cache of three
+    assert not list(copies.glob(".*.part"))  # every fetch finished, written whole
+
+
+def test_bad_remote_shards_are_one_line(shard_sets, tokenizer, s3):
+    _, remote = shard_sets
+    with pytest.raises(DataError, match=r"^data_config.path: the glob s3://\S+/nothing_\*\.bin matches no file"):
+        open_corpus(DataConfig(path=f"{remote}/nothing_*.bin", tokenizer=str(tokenizer), block_size=16))
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    fs.pipe(f"{remote}/train_9.bin", b"not a shard")
+    with pytest.raises(DataError, match=r"^data_config.path: s3://\S+/train_9\.bin is not an llm.c shard"):
+        open_corpus(data(remote, tokenizer, format="llmc"))
+    fs.rm(f"{remote}/train_9.bin")
+    with pytest.raises(ConfigError, match=r"^data_config.shard_cache_gb: 3e-06 GB holds fewer than the 4 shards"):
+        open_corpus(data(remote, tokenizer, shard_cache_gb=3e-6))
