@@ -320,7 +320,7 @@ def open_corpus(config: DataConfig, validation: bool = False) -> CharDataset:
     elif names_shards(path, config.format):
         vocabulary = vocabulary_of_shards(config.tokenizer_choice)
         stream = open_shards(path, config.format, len(vocabulary), key, remote_cache(config, path, key))
-        check_cache_holds(stream, config.shards_at_once)
+        check_cache_holds(stream, config.shards_at_once, whole=validation)
         dataset = CharDataset.from_ids(stream, vocabulary, config.block_size, truncate)
     else:
         dataset = CharDataset.from_token_file(open_text(path, config, key), config.block_size, truncate)
@@ -337,9 +337,17 @@ def remote_cache(config: DataConfig, path: str, key: str) -> Optional[ShardCache
                       int(config.shard_cache_gb * 1e9), key)
 
 
-def check_cache_holds(stream: ShardStream, shards_at_once: int) -> None:
-    """The cache must hold the group of shards being read and the next one, fetched ahead."""
+def check_cache_holds(stream: ShardStream, shards_at_once: int, whole: bool) -> None:
+    """The cache must hold the group of shards being read and the next one, fetched ahead; or, for
+    val_path's (whole), every shard: evaluation reads them in any order."""
     if stream.cache is None:
+        return
+    if whole:
+        total = sum(shard.file_bytes for shard in stream.shards)
+        check(stream.cache.capacity_bytes >= total, "data_config.shard_cache_gb",
+              f"{stream.cache.capacity_bytes / 1e9:g} GB cannot hold val_path's {len(stream.shards)} remote "
+              f"shards ({total / 1e9:.3g} GB), which evaluation reads in any order; raise it, or give fewer "
+              "or local validation shards")
         return
     at_once, largest = 2 * max(shards_at_once, 1), max(shard.file_bytes for shard in stream.shards)
     check(stream.cache.capacity_bytes >= at_once * largest, "data_config.shard_cache_gb",

@@ -82,12 +82,19 @@ def test_remote_shards_give_the_batches_of_the_same_shards_on_disk_within_the_ca
 
 def test_bad_remote_shards_are_one_line(shard_sets, tokenizer, s3):
     _, remote = shard_sets
-    with pytest.raises(DataError, match=r"^data_config.path: the glob s3://\S+/nothing_\*\.bin matches no file"):
+    nothing = r"^data_config.path: the glob s3://\S+/nothing_\*\.bin matches no file"
+    with pytest.raises(DataError, match=nothing):
         open_corpus(DataConfig(path=f"{remote}/nothing_*.bin", tokenizer=str(tokenizer), block_size=16))
     fs = fsspec.filesystem("s3", skip_instance_cache=True)
     fs.pipe(f"{remote}/train_9.bin", b"not a shard")
     with pytest.raises(DataError, match=r"^data_config.path: s3://\S+/train_9\.bin is not an llm.c shard"):
         open_corpus(data(remote, tokenizer, format="llmc"))
     fs.rm(f"{remote}/train_9.bin")
-    with pytest.raises(ConfigError, match=r"^data_config.shard_cache_gb: 3e-06 GB holds fewer than the 4 shards"):
+    too_small = r"^data_config.shard_cache_gb: 3e-06 GB holds fewer than the 4 shards"
+    with pytest.raises(ConfigError, match=too_small):
         open_corpus(data(remote, tokenizer, shard_cache_gb=3e-6))
+    too_small_for_val = DataConfig(path=f"{remote}/train_*.bin", val_path=f"{remote}/[tv]*_[0-3].bin",
+                                   tokenizer=str(tokenizer), block_size=16,
+                                   shard_cache_gb=4.5 * SHARD_BYTES / 1e9)
+    with pytest.raises(ConfigError, match=r"cannot hold val_path's 5 remote shards"):
+        open_corpus(too_small_for_val, validation=True)
