@@ -14,6 +14,8 @@ file by file by --processes processes of this machine, each file once, a line fo
 training job's processes share the work the same way, so this only does it ahead of the job.
 """
 import multiprocessing
+import os
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -41,6 +43,18 @@ def check_shards(path: str, format: str, choice: TokenizerChoice) -> str:
             f"({checked})")
 
 
+def say_line(line: str) -> None:
+    """A line in one write to the output, which the preparers of a set share: print's two writes (the
+    line, then its end) let another process's line in between."""
+    try:
+        out = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # an output with no file (a test's capture)
+        print(line, flush=True)
+        return
+    sys.stdout.flush()
+    os.write(out, f"{line}\n".encode())
+
+
 def prepare_share(text_set: TextSet) -> int:
     """This process's share of a set's preparation: a line for each file it makes; how many it made."""
     made = []
@@ -48,7 +62,7 @@ def prepare_share(text_set: TextSet) -> int:
     def said(source: Path, path: Path, now: bool) -> None:
         if now:
             made.append(path)
-            print(f"prepared {path}: {read_header(path)['n_tokens']:,} tokens", flush=True)
+            say_line(f"prepared {path}: {read_header(path)['n_tokens']:,} tokens")
 
     prepare_set(text_set, said)
     return len(made)

@@ -366,10 +366,12 @@ class Encoder:
 
 
 def encode_pieces(tokenizer: Tokenizer, config: dict, texts: Iterable[str],
-                  dtype: np.dtype = np.dtype(np.int64)) -> Iterator[np.ndarray]:
+                  dtype: np.dtype = np.dtype(np.int64), encoder: Optional[Encoder] = None
+                  ) -> Iterator[np.ndarray]:
     """The ids (of dtype) of texts (a text in chunks cut anywhere), a piece at a time, in order:
-    pieces cut where both sides encode as the whole would, encoded in THREADS threads."""
-    encoder = Encoder(tokenizer, config, dtype)
+    pieces cut where both sides encode as the whole would, encoded in THREADS threads. encoder: one
+    made for this tokenizer and dtype before, whose table of words is then kept (the files of a set)."""
+    encoder = encoder or Encoder(tokenizer, config, dtype)
     cut = word_cut if encoder.fast else line_cut
     pieces = cut_pieces((text.encode("utf-8") for text in texts), PIECE_BYTES, cut)
     with ThreadPoolExecutor(THREADS) as pool:

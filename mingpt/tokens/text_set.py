@@ -53,9 +53,9 @@ from tokenizers import Tokenizer
 from mingpt.common import files
 from mingpt.common.errors import DataError
 from mingpt.tokens import token_file
-from mingpt.tokens.bpe_encoder import PIECE_BYTES, Encoder, cut_pieces, line_cut, word_cut
+from mingpt.tokens.bpe_encoder import PIECE_BYTES, Encoder, cut_pieces, encode_pieces, line_cut, word_cut
 from mingpt.tokens.shards import AUTO, SHARD_FORMATS, SUFFIX, ShardStream, open_token_files
-from mingpt.tokens.token_file import CHUNK_BYTES, PLAIN, PlainText, TokenFile, open_token_file
+from mingpt.tokens.token_file import CHUNK_BYTES, PlainText, TokenFile, open_token_file
 from mingpt.tokens.tokenizer import BPE, END_OF_TEXT, TokenizerChoice, train_bpe
 
 TXT, JSONL, PARQUET = ".txt", ".jsonl", ".parquet"
@@ -156,7 +156,7 @@ class TextSet:
         """How a file of the set becomes text: as it is, or its documents, each ended by the
         tokenizer's end-of-text token or a newline."""
         if source.suffix not in DOCUMENT_SUFFIXES:
-            return PLAIN
+            return SET_TEXT
         has_end = tokenizer_json is not None and END_OF_TEXT in Tokenizer.from_str(tokenizer_json).get_vocab()
         kind = JsonLines if source.suffix == JSONL else Parquet
         return kind(self.text_field, END_OF_TEXT if has_end else NEWLINE, self.key)
@@ -167,7 +167,33 @@ class TextSet:
 
 # -------------------------------------------------------------------------------------------- readers
 
-class Documents(PlainText):
+_encoder: dict = {}
+"""The last (tokenizer, dtype)'s Encoder of this process, its table of words kept from one file of a
+set to the next: a fresh one spends about 0.1 s per file finding the same words again (half the time
+of a 2 MB file)."""
+
+
+def shared_encoder(tokenizer: Tokenizer, config: dict, dtype: np.dtype) -> Encoder:
+    key = (json.dumps(config, sort_keys=True), np.dtype(dtype).name)
+    if key not in _encoder:
+        _encoder.clear()
+        _encoder[key] = Encoder(tokenizer, config, dtype)
+    return _encoder[key]
+
+
+class SetText(PlainText):
+    """A text of a set: read as a single text is (the same token file), encoded with the process's
+    shared Encoder."""
+
+    def bpe_ids(self, source: str, tokenizer: Tokenizer, config: dict, dtype: np.dtype
+                ) -> Iterator[np.ndarray]:
+        return encode_pieces(tokenizer, config, self.texts(source), dtype,
+                             shared_encoder(tokenizer, config, dtype))
+
+
+SET_TEXT = SetText()
+
+class Documents(SetText):
     """A file of documents, each ended by separator (END_OF_TEXT, as one token, or a newline)."""
 
     kind = ""
@@ -203,7 +229,7 @@ class Documents(PlainText):
         if end is None:
             yield from super().bpe_ids(source, tokenizer, config, dtype)
             return
-        encoder = Encoder(tokenizer, config, dtype)
+        encoder = shared_encoder(tokenizer, config, dtype)
         cut = word_cut if encoder.fast else line_cut
         ended = np.array([end], dtype)
         pending, count = [], 0
