@@ -10,8 +10,8 @@ scratch (every token file removed first), --repeats times, and reports:
 - the wall time and MB/s of text (the median of the repeats), and the speed-up of 2 processes over 1
   (target: at least 1.8x);
 - each process's peak resident memory (psutil, polled every 50 ms over the command's process tree:
-  the command and the processes it spawns; target: under 1 GB each);
-- the CPU seconds of the command and the processes it spawned (getrusage of the waited children), and
+  the command and the processes it starts; target: under 1 GB each);
+- the CPU seconds of the command and the processes it started (getrusage of the waited children), and
   so the cores it kept busy, with the load average before each run (other work on the machine);
 - that each file was prepared exactly once (the command's lines), and a second run prepared none.
 Results are written to bench/results/text_set.json (--json). The machine is named in the results: on
@@ -93,13 +93,13 @@ def run_measured(command: list[str]) -> dict:
     watcher.start()
     out, err = process.communicate()
     seconds = time.perf_counter() - start
-    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the spawned preparers' too: waited for
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the forked preparers too: waited for
     cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
     done.set()
     watcher.join()
     if process.returncode:
         raise SystemExit(f"{' '.join(command)} failed: {err.strip()}")
-    # the spawn machinery's resource tracker is a process of the tree too; the preparers are the rest
+    # the largest first: the preparers (a small helper process of multiprocessing may be there too)
     preparers = sorted(peaks.values(), reverse=True)
     return {"seconds": seconds, "out": out, "peak_rss_mb": [round(p / 1e6, 1) for p in preparers],
             "cpu_s": cpu, "load_before": load}

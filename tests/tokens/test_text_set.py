@@ -208,7 +208,7 @@ def test_a_changed_file_is_prepared_again_alone(tmp_path, tokenizer):
 
 
 def test_prepare_data_prepares_a_set_with_two_processes(tmp_path, tokenizer, capfd):
-    """The command (in this process, one more spawned): a line for each file made, each file once."""
+    """The command (in this process, one more forked): a line for each file made, each file once."""
     texts_folder(tmp_path / "set", count=4)
     prepare_data.main([str(tmp_path / "set"), "--tokenizer", str(tokenizer), "--processes", "2"])
     lines = capfd.readouterr().out.splitlines()
