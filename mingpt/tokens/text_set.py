@@ -25,9 +25,11 @@ every file read before any is encoded, and every file made again when a new file
 
 Preparation (prepare_set): each process of the machine goes through the files in order and takes
 every file whose lock it finds free (token_file.prepare_if_free), skipping those another process holds;
-then it waits for those (token_file.prepare), which are made by then. So N processes prepare a folder
-at nearly N times the speed of one, each file once; a file whose token file is current (the source's
-size and time, the tokenizer and reader settings, the checksum) is not made again. An error (a bad
+then it waits for those (token_file.prepare), which are made by then: their headers are checked, not
+their ids, which the process that held them has just made or checked (so that a restart of W ranks
+reads each token file once, not W times). So N processes prepare a folder at nearly N times the speed
+of one, each file once; a file whose token file is current (the source's size and time, the tokenizer
+and reader settings, the checksum) is not made again. An error (a bad
 line, a missing column, a text not UTF-8) removes the token files this process made in this call:
 a set is prepared whole or left as it was.
 
@@ -386,7 +388,8 @@ def prepare_set(text_set: TextSet, report: Optional[Report] = None) -> list[Path
             else:
                 tell(report, source, *done, made)
         for source, reader in waiting:
-            done = token_file.prepare(str(source), text_set.cache_dir, tokenizer, reader)  # made by now
+            # made or checked by the process that held it: its header is checked, not its ids again
+            done = token_file.prepare(str(source), text_set.cache_dir, tokenizer, reader, checked=True)
             tell(report, source, *done, made)
     except DataError:
         for path in made + ([bpe_path] if bpe_path is not None and not bpe_was_there else []):

@@ -314,16 +314,18 @@ def open_token_file(path: Path) -> TokenFile:
                      header["tokenizer"])
 
 
-def is_up_to_date(path: Path, source_fingerprint: dict, settings: dict, reader: PlainText = PLAIN) -> bool:
+def is_up_to_date(path: Path, source_fingerprint: dict, settings: dict, reader: PlainText = PLAIN,
+                  checksum: bool = True) -> bool:
     """Whether path is a whole, undamaged token file of this version of the source, made with
-    these tokenizer settings (and read with these reader settings)."""
+    these tokenizer settings (and read with these reader settings); its ids' checksum too, unless
+    another process has just checked them (checksum=False)."""
     try:
         header = read_header(path)
     except DataError:
         return False
     return header["fingerprint"] == source_fingerprint and header["tokenizer"] == settings and \
         header.get("reader") == reader.settings() and \
-        data_crc32(path, header["data_offset"]) == header["crc32"]
+        (not checksum or data_crc32(path, header["data_offset"]) == header["crc32"])
 
 
 # ---------------------------------------------------------------------------------------- building
@@ -464,19 +466,20 @@ def token_file_for(source: str, cache_dir: Optional[str] = None, choice: Tokeniz
 
 
 def prepare(source: str, cache_dir: Optional[str] = None, choice: TokenizerChoice = TokenizerChoice(),
-            reader: PlainText = PLAIN) -> tuple[Path, bool]:
+            reader: PlainText = PLAIN, checked: bool = False) -> tuple[Path, bool]:
     """The token file of source, and whether it was (re)built now.
 
     Safe to call from many processes at once: they take turns under a lock, the first builds, the
     others then find a whole, current file. Any file that is damaged, truncated, older than the
-    source or made with other tokenizer settings is rebuilt.
+    source or made with other tokenizer settings is rebuilt. checked: another process held the lock
+    a moment ago, and so made or checked the file: its header and size are checked, not its ids.
     """
     fingerprint(source)  # a missing source fails here, before a lock file is made beside it
     choice.settings()  # a bad tokenizer.json too
     path = token_file_for(source, cache_dir, choice)
     try:
         with files.locked(path):
-            return path, make_under_lock(source, path, choice, reader)
+            return path, make_under_lock(source, path, choice, reader, checksum=not checked)
     except OSError as e:  # the source's own errors are DataErrors by now: this is the token file's
         raise cannot_write(path, e) from None
 
@@ -495,10 +498,11 @@ def prepare_if_free(source: str, cache_dir: Optional[str], choice: TokenizerChoi
         raise cannot_write(path, e) from None
 
 
-def make_under_lock(source: str, path: Path, choice: TokenizerChoice, reader: PlainText) -> bool:
+def make_under_lock(source: str, path: Path, choice: TokenizerChoice, reader: PlainText,
+                    checksum: bool = True) -> bool:
     """With path's lock held: whether path had to be (re)built now, which it then was."""
     source_fingerprint = fingerprint(source)
-    if is_up_to_date(path, source_fingerprint, choice.settings(), reader):
+    if is_up_to_date(path, source_fingerprint, choice.settings(), reader, checksum):
         return False
     remove_leftovers(path)
     build(source, path, source_fingerprint, choice, reader)
