@@ -100,12 +100,15 @@ class DataConfig:
     data_config.format), as FineWeb (fineweb_val_*.bin) and nanoGPT (val.bin) ship it: training then
     uses all of path's windows and evaluation all of val_path's, and train_split and split do not
     apply. Needs data_config.tokenizer set to a tokenizer.json. null: the test split is cut from path."""
-    shards_at_once: int = 2
-    """Shards that training reads at a time: an epoch visits path's shards in a seeded order, this
-    many together, their windows shuffled among themselves, while the next ones are read ahead; so
-    reads stay within a few shards (their pages cached) instead of scattering over the whole set.
-    0: every window of the set in one shuffled order. For shards trained whole (val_path set) or
-    cut with split=contiguous; a random split's own permutation scatters them anyway."""
+    shards_at_once: Optional[int] = None
+    """Shards that training reads at a time, for shards trained whole (val_path set) or cut with
+    split=contiguous: an epoch visits path's shards in a seeded order, this many together, their
+    windows shuffled among themselves, while the next ones are read ahead, so that reads stay within
+    a few shards instead of scattering over the whole set; its samples are then consecutive windows
+    (llm.c's: an epoch is one pass over the tokens), since the windows at every position would hold
+    a run in its first shards for block_size passes. 0: a window at every position of the set, in
+    one shuffled order (nanoGPT's random offsets). null: 2 for remote shards (which need it), 0 for
+    shards on this machine."""
     shard_cache_gb: float = 10.0
     """Remote shards (path an s3://... URL or glob of them): the most disk that their copies on
     this machine take, in the cache folder (data_config.cache_dir), shared by its ranks; the least
@@ -114,8 +117,8 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check_positive(self, "data_config", "block_size")
-        check(self.shards_at_once >= 0, "data_config.shards_at_once",
-              f"must be 0 (off) or more, got {self.shards_at_once}")
+        check(self.shards_at_once is None or self.shards_at_once >= 0, "data_config.shards_at_once",
+              f"must be 0 (off), more, or null (the path decides), got {self.shards_at_once}")
         check_positive(self, "data_config", "shard_cache_gb")
         check_settings(self.tokenizer, self.bpe_vocab_size, self.bpe_sample_mb)
         check(0.0 < self.train_split < 1.0, "data_config.train_split",
@@ -128,6 +131,13 @@ class DataConfig:
               "must not be empty; name the JSON field (or Parquet column) that holds the text")
         check(self.val_path is None or bool(self.val_path), VAL_PATH_KEY,
               "must not be empty; give shards or a text, or null to cut the test split from path")
+
+    @property
+    def reading_shards_at_once(self) -> int:
+        """shards_at_once, or what null means for path: 2 for remote shards, 0 otherwise."""
+        if self.shards_at_once is not None:
+            return self.shards_at_once
+        return 2 if files.is_remote(self.path) else 0
 
     @functools.cached_property
     def tokenizer_choice(self) -> TokenizerChoice:
@@ -168,6 +178,9 @@ class CharDataset(Dataset):
                vocabulary: Optional[Vocabulary] = None) -> None:
         self.block_size = block_size
         self.ids = ids
+        self.stride = 1
+        """Tokens from one sample's window to the next: 1, a window at every position (the original's);
+        block_size, consecutive windows (shards read a few at a time: in_consecutive_windows)."""
         self.text_length = len(ids)
         """Tokens in the whole text, before data_config.truncate kept its leading share (ids)."""
         self._id_map: Optional[np.ndarray] = None
@@ -198,18 +211,31 @@ class CharDataset(Dataset):
         return len(self.ids)
 
     def __len__(self) -> int:
-        return max(len(self.ids) - self.block_size, 0)
+        return self.samples_before(len(self.ids))
 
-    def __getitem__(self, starts) -> tuple[torch.Tensor, torch.Tensor]:
-        """x, y for the window at each start (an int gives one sample, a tensor a batch)."""
-        return inputs_and_targets(self.windows(starts))
+    def in_consecutive_windows(self) -> None:
+        """From now on sample i is the window at i * block_size (a window's last token, its last
+        target, is the next one's first input): an epoch is one pass over the tokens."""
+        self.stride = self.block_size
 
-    def windows(self, starts) -> torch.Tensor:
-        """The block_size + 1 token ids from each start, in one contiguous (..., T + 1) tensor."""
-        starts = np.asarray(starts, dtype=np.int64)
-        if starts.size and (starts.min() < 0 or starts.max() >= len(self)):
+    def samples_before(self, position: int) -> int:
+        """Samples whose window (block_size + 1 tokens) ends at or before a position of the ids."""
+        return max((position - self.block_size - 1) // self.stride + 1, 0)
+
+    def first_sample_from(self, position: int) -> int:
+        """The first sample whose window starts at or after a position of the ids."""
+        return -(-position // self.stride)
+
+    def __getitem__(self, samples) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, y of each sample's window (an int gives one sample, a tensor a batch)."""
+        return inputs_and_targets(self.windows(samples))
+
+    def windows(self, samples) -> torch.Tensor:
+        """The block_size + 1 token ids of each sample's window, in one contiguous (..., T + 1) tensor."""
+        samples = np.asarray(samples, dtype=np.int64)
+        if samples.size and (samples.min() < 0 or samples.max() >= len(self)):
             raise IndexError(f"sample index outside 0..{len(self) - 1}")
-        return self.token_ids(starts[..., None] + np.arange(self.block_size + 1))
+        return self.token_ids((samples * self.stride)[..., None] + np.arange(self.block_size + 1))
 
     def token_ids(self, positions) -> torch.Tensor:
         """Token ids (int64) of the text at these character positions."""
@@ -281,7 +307,8 @@ class Split(Dataset):
         shards = self.dataset.shards
         if shards is None or self.order is not None or not self.shards_at_once:
             return None
-        edges = np.clip(shards.starts, self.first, self.first + self.length) - self.first
+        first_samples = -(-shards.starts // self.dataset.stride)  # of the windows that start in each shard
+        edges = np.clip(first_samples, self.first, self.first + self.length) - self.first
         return Blocks(np.diff(edges).tolist(), self.shards_at_once, warm=shards.read_ahead)
 
     def __len__(self) -> int:
@@ -320,7 +347,7 @@ def open_corpus(config: DataConfig, validation: bool = False) -> CharDataset:
     elif names_shards(path, config.format):
         vocabulary = vocabulary_of_shards(config.tokenizer_choice)
         stream = open_shards(path, config.format, len(vocabulary), key, remote_cache(config, path, key))
-        check_cache_holds(stream, config.shards_at_once, whole=validation)
+        check_cache_holds(stream, config.reading_shards_at_once, whole=validation)
         dataset = CharDataset.from_ids(stream, vocabulary, config.block_size, truncate)
     else:
         dataset = CharDataset.from_token_file(open_text(path, config, key), config.block_size, truncate)
@@ -342,6 +369,9 @@ def check_cache_holds(stream: ShardStream, shards_at_once: int, whole: bool) -> 
     val_path's (whole), every shard: evaluation reads them in any order."""
     if stream.cache is None:
         return
+    check(shards_at_once > 0, "data_config.shards_at_once",
+          "remote shards are read a few at a time (the whole set's order would fetch a shard for every "
+          "window); set it to 1 or more, or null (2)")
     if whole:
         total = sum(shard.file_bytes for shard in stream.shards)
         check(stream.cache.capacity_bytes >= total, "data_config.shard_cache_gb",
@@ -349,7 +379,7 @@ def check_cache_holds(stream: ShardStream, shards_at_once: int, whole: bool) -> 
               f"shards ({total / 1e9:.3g} GB), which evaluation reads in any order; raise it, or give fewer "
               "or local validation shards")
         return
-    at_once, largest = 2 * max(shards_at_once, 1), max(shard.file_bytes for shard in stream.shards)
+    at_once, largest = 2 * shards_at_once, max(shard.file_bytes for shard in stream.shards)
     check(stream.cache.capacity_bytes >= at_once * largest, "data_config.shard_cache_gb",
           f"{stream.cache.capacity_bytes / 1e9:g} GB holds fewer than the {at_once} shards of up to "
           f"{largest / 1e9:.3g} GB that are read and fetched ahead at once (2 x data_config.shards_at_once); "
@@ -446,9 +476,11 @@ def split_dataset(dataset: CharDataset, config: DataConfig, seed: int,
                   validation: Optional[CharDataset] = None) -> tuple[Split, Split]:
     """Train and test splits, identical on every rank for the same seed. With a validation set
     (data_config.val_path), all of dataset trains and all of validation tests."""
+    at_once = config.reading_shards_at_once if dataset.shards is not None else 0
+    if at_once and (validation is not None or config.split == "contiguous"):
+        dataset.in_consecutive_windows()
     if validation is not None:
-        return (Split(dataset, 0, len(dataset), shards_at_once=config.shards_at_once),
-                Split(validation, 0, len(validation)))
+        return Split(dataset, 0, len(dataset), shards_at_once=at_once), Split(validation, 0, len(validation))
     if config.split == "random":
         # The original's random_split: a seeded permutation of all samples, cut at train_split.
         train_len = int(len(dataset) * config.train_split)
@@ -458,8 +490,9 @@ def split_dataset(dataset: CharDataset, config: DataConfig, seed: int,
     else:
         # Cut the text, not the windows: no character is seen by both sides.
         cut = int(dataset.num_chars * config.train_split)
-        train = Split(dataset, 0, max(cut - dataset.block_size, 0), shards_at_once=config.shards_at_once)
-        test = Split(dataset, cut, max(len(dataset) - cut, 0))
+        first_test = dataset.first_sample_from(cut)
+        train = Split(dataset, 0, dataset.samples_before(cut), shards_at_once=at_once)
+        test = Split(dataset, first_test, max(len(dataset) - first_test, 0))
     if len(train) == 0 or len(test) == 0:
         raise DataError(
             f"data_config.train_split={config.train_split} leaves {len(train)} train and {len(test)} "
