@@ -93,6 +93,8 @@ def test_bad_remote_shards_are_one_line(shard_sets, tokenizer, s3):
     too_small = r"^data_config.shard_cache_gb: 3e-06 GB holds fewer than the 4 shards"
     with pytest.raises(ConfigError, match=too_small):
         open_corpus(data(remote, tokenizer, shard_cache_gb=3e-6))
+    with pytest.raises(ConfigError, match=r"^data_config.shards_at_once: remote shards are read a few"):
+        open_corpus(data(remote, tokenizer, shards_at_once=0))
     too_small_for_val = DataConfig(path=f"{remote}/train_*.bin", val_path=f"{remote}/[tv]*_[0-3].bin",
                                    tokenizer=str(tokenizer), block_size=16,
                                    shard_cache_gb=4.5 * SHARD_BYTES / 1e9)

@@ -279,26 +279,32 @@ def first_error(loader: DataLoader) -> DataError:
     raise AssertionError("the batch was read")
 
 
-def test_shards_trained_whole_are_read_a_few_at_a_time(tmp_path, ids, tokenizer):
+def test_shards_trained_whole_are_read_a_few_at_a_time_in_consecutive_windows(tmp_path, ids, tokenizer):
     """data_config.shards_at_once: the training split of shards read whole (val_path, or a contiguous
-    split) is a block per shard for the loader's BlockOrder; a random split, 0, or a text: none."""
+    split) is a block per shard for the loader's BlockOrder, of consecutive windows (sample i at
+    i x block_size: an epoch is one pass over the tokens); a random split, 0 (local shards' default),
+    or a text: none, and a window at every position."""
     folder = llmc_set(tmp_path / "set", ids)
     val = write_llmc_shard(tmp_path / "val_000000.bin", ids[1500:])
-    data = config(folder, tokenizer, val_path=str(val))
+    data = config(folder, tokenizer, val_path=str(val), shards_at_once=2)
     dataset, validation = open_corpus(data), open_corpus(data, validation=True)
     train, test = split_dataset(dataset, data, seed=0, validation=validation)
-    blocks = train.blocks()
-    assert blocks.sizes == [500, 500, 500 - 16] and blocks.at_once == 2 and test.blocks() is None
+    assert len(train) == (1500 - 1) // 16 and len(test) == len(validation) == len(ids) - 1500 - 16
+    assert np.array_equal(train[torch.tensor([2, 31])].numpy(), np.stack([ids[32:49], ids[496:513]]))
+    blocks = train.blocks()  # windows starting in each shard: at 0..496, 512..992, 1008..1472
+    assert blocks.sizes == [32, 31, 30] and blocks.at_once == 2 and test.blocks() is None
     blocks.warm([0, 2])  # asks the kernel to read them ahead; nothing to wait for
     train_loader, test_loader = rank_loaders(train, test, 8, 1, 0, 0, 0, ONE_RANK, ())
     assert train_loader.sampler.blocks.sizes == blocks.sizes and test_loader.sampler.blocks is None
     contiguous = config(folder, tokenizer, split="contiguous", train_split=0.5, shards_at_once=1)
-    train, _ = split_dataset(open_corpus(contiguous), contiguous, seed=0)
-    assert train.blocks().sizes == [500, 750 - 16 - 500, 0]  # block i is shard i's windows
+    train, test = split_dataset(open_corpus(contiguous), contiguous, seed=0)
+    assert len(train) == 46 and test.first == 47  # windows ending by token 750, starting from it
+    assert train.blocks().sizes == [32, 14, 0]  # block i is shard i's windows
     assert train.blocks().at_once == 1
-    for off in (config(folder, tokenizer), config(folder, tokenizer, val_path=str(val), shards_at_once=0)):
+    for off in (config(folder, tokenizer), config(folder, tokenizer, val_path=str(val))):
         dataset = open_corpus(off)
         assert split_dataset(dataset, off, seed=0, validation=open_corpus(off, validation=True)
                              if off.val_path else None)[0].blocks() is None
+    assert len(dataset) == 1500 - 16  # local shards' default: a window at every position
     with pytest.raises(ConfigError, match="data_config.shards_at_once: must be 0"):
         config(folder, tokenizer, shards_at_once=-1)
