@@ -80,12 +80,14 @@ def prepare_text_set(text_set: TextSet, processes: int) -> str:
     else:
         made = prepare_share(text_set)
     seconds = time.perf_counter() - start
-    headers = [read_header(path) for path in text_set.token_files(text_set.tokenizer(make=False))]
+    # a BPE's header holds its tokenizer.json: 1,000 of them kept at once would be 1,000 copies
+    counts = [(header["n_tokens"], header["vocab_size"]) for header in map(
+        read_header, text_set.token_files(text_set.tokenizer(make=False)))]
     size = sum(fingerprint(str(source))["size"] for source in text_set.files)
     count = len(text_set.files)
     workers = f"{processes} process{'es' if processes > 1 else ''}"
     return (f"{count:,} file{'s' if count != 1 else ''}: {made:,} prepared now, {count - made:,} up to date; "
-            f"{sum(h['n_tokens'] for h in headers):,} tokens, vocabulary of {headers[0]['vocab_size']:,}, "
+            f"{sum(n for n, _ in counts):,} tokens, vocabulary of {counts[0][1]:,}, "
             f"{size / 1e6 / max(seconds, 1e-9):.1f} MB/s with {workers}")
 
 
