@@ -27,11 +27,11 @@ Preparation (prepare_set): each process of the machine goes through the files in
 every file whose lock it finds free (token_file.prepare_if_free), skipping those another process holds;
 then it waits for those (token_file.prepare), which are made by then: their headers are checked, not
 their ids, which the process that held them has just made or checked (so that a restart of W ranks
-reads each token file once, not W times). So N processes prepare a folder at nearly N times the speed
-of one, each file once; a file whose token file is current (the source's size and time, the tokenizer
-and reader settings, the checksum) is not made again. An error (a bad
-line, a missing column, a text not UTF-8) removes the token files this process made in this call:
-a set is prepared whole or left as it was.
+reads each token file once, not W times). So N processes share a folder's files, each made once (as
+much faster as free cores allow: one process already keeps 1.1 cores busy, its encoder's threads);
+a file whose token file is current (the source's size and time, the tokenizer and reader settings,
+the checksum) is not made again. An error (a bad line, a missing column, a text not UTF-8) removes
+the token files this process made in this call: a set is prepared whole or left as it was.
 
 Parquet needs pyarrow, an optional extra (`pip install 'mingpt-ddp[parquet]'`): it is Apache Arrow's
 reference reader, the one Hugging Face datasets itself uses, reads a column a batch of rows at a time
