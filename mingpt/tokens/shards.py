@@ -315,13 +315,19 @@ def shard_files(path: str, key: str) -> list[Path]:
             raise DataError(f"{key}: the folder {path} holds no {SUFFIX} shards; point it at a folder of "
                             "llm.c's or nanoGPT's .bin files, or at a text")
     elif glob.has_magic(local):
-        found = sorted(Path(match) for match in glob.glob(local) if os.path.isfile(match))
-        if not found:
-            raise DataError(f"{key}: the glob {path} matches no file; check the pattern (and quote it, so "
-                            "that the shell leaves it to the data loader)")
+        found = glob_matches(local, path, key)
     else:
         raise DataError(f"{key}: no such file or folder {path}; point it at shards (a .bin file, a folder "
                         "or a glob of them) or at a text")
+    return found
+
+
+def glob_matches(local: str, path: str, key: str) -> list[Path]:
+    """The files a local glob matches, sorted; none is one line naming the key."""
+    found = sorted(Path(match) for match in glob.glob(local) if os.path.isfile(match))
+    if not found:
+        raise DataError(f"{key}: the glob {path} matches no file; check the pattern (and quote it, so "
+                        "that the shell leaves it to the data loader)")
     return found
 
 

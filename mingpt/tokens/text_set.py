@@ -56,7 +56,7 @@ from mingpt.common import files
 from mingpt.common.errors import DataError
 from mingpt.tokens import token_file
 from mingpt.tokens.bpe_encoder import PIECE_BYTES, Encoder, cut_pieces, encode_pieces, line_cut, word_cut
-from mingpt.tokens.shards import AUTO, SHARD_FORMATS, SUFFIX, ShardStream, open_token_files
+from mingpt.tokens.shards import AUTO, SHARD_FORMATS, SUFFIX, ShardStream, glob_matches, open_token_files
 from mingpt.tokens.token_file import CHUNK_BYTES, PlainText, TokenFile, open_token_file
 from mingpt.tokens.tokenizer import BPE, END_OF_TEXT, TokenizerChoice, train_bpe
 
@@ -90,10 +90,7 @@ def set_files(path: str, format: str, key: str) -> Optional[list[Path]]:
     if folder:
         found = sorted(child for child in Path(local).iterdir() if child.is_file())
     elif glob.has_magic(local):
-        found = sorted(Path(match) for match in glob.glob(local) if os.path.isfile(match))
-        if not found:
-            raise DataError(f"{key}: the glob {path} matches no file; check the pattern (and quote it, so "
-                            "that the shell leaves it to the data loader)")
+        found = glob_matches(local, path, key)
     else:
         return None  # no such file: the text's own error says so
     texts = [found_file for found_file in found if found_file.suffix in TEXT_SUFFIXES]
