@@ -200,7 +200,12 @@ class RunWatchdog:
             if position != before.position:
                 before.position, before.moved_at = position, now
         verdict = hang_verdict(seen, now, self.timeout_s)
-        if verdict and self._store.compare_set(f"{self._key}/verdict", "", verdict) == verdict.encode():
+        if not verdict:
+            return None
+        # Claimed with this rank's number: two ranks that see the same sentence at once must not
+        # both take compare_set's answer (the value now there) for their own win.
+        claim = f"rank {self.rank}: {verdict}"
+        if self._store.compare_set(f"{self._key}/verdict", "", claim) == claim.encode():
             return verdict  # this rank saw it first: it reports
         return None
 

@@ -404,3 +404,27 @@ def test_ranks_whose_launcher_died_end_themselves(text_file, tmp_path):
     for rank in (0, 1):
         ended = rf"^error: \[rank {rank}\] (its launcher \(pid|lost contact with another)"
         assert re.search(ended, output, re.M), output
+
+
+def test_a_rank_blocked_in_its_data_loading_is_named_as_stuck(text_file, tmp_path):
+    """Rank 1 blocks for good in its data loading at step 25 (a hung filesystem, a stuck worker): it
+    is still heard from (its watchdog thread posts), but it does not move while rank 0 waits for it
+    in the gradient sync; within the timeout and a few heartbeats, one line names it, its step and
+    phase, and who waits where; exit status 1; the snapshot of step 20 is as it was."""
+    snapshot = tmp_path / "snap.pt"
+    overrides = tiny_overrides(text_file, snapshot, trainer_config__save_every_steps=10,
+                               trainer_config__hang_timeout_s=HANG_TIMEOUT_S)
+    command = [*TORCHRUN, "--standalone", "--nproc_per_node=2", WORKER_SCRIPTS / "fault_injection.py",
+               *overrides]
+    started = time.monotonic()
+    process, seen = start_until(command, "Snapshot saved at step 20", {"SLOW": "data:600:25"})
+    before = sha256(snapshot)
+    rest, _ = process.communicate(timeout=60)
+    output = "".join(seen) + rest
+    said = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(said) == 1, output
+    assert re.match(r"error: rank 1 \(host \S+, pid \d+\) has not moved for \d+ s; it was in step 25's "
+                    r"data loading; rank\(s\) 0 are waiting for it in step 25's backward pass \(gradient "
+                    r"sync\); the last snapshot \(step 20\) is kept as it was", said[0]), said[0]
+    assert process.returncode == 1 and time.monotonic() - started < 60
+    assert sha256(snapshot) == before
