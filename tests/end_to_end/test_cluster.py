@@ -336,6 +336,35 @@ class TestTwoHosts:
         assert finished == two_host_run.max_epochs
 
 
+class TestHangAcrossHosts:
+    def test_a_rank_stuck_on_the_other_host_is_named_with_that_host(self, text_file, tmp_path):
+        """The hang watchdog across two hosts (distributed/watchdog.py): node2's rank blocks in its
+        data loading at step 25; node1's rank names it with node2's host name within the timeout,
+        both exit 1, and the snapshot of step 20 is kept."""
+        skip_unless_possible(namespaces_unavailable())
+        snapshot = tmp_path / "snap.pt"
+        env = {**submitting_environment(), "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+               "LOGLEVEL": "INFO", "SLOW": "data:600:25"}  # INFO: the agent says when it has started
+        torchrun = [*TORCHRUN, "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
+                    f"--rdzv_endpoint={TwoHosts.NAMES[0]}:29500", f"--rdzv_id={uuid.uuid4().hex}",
+                    WORKER_SCRIPTS / "fault_injection.py",
+                    *tiny_overrides(text_file, snapshot, trainer_config__save_every_steps=10,
+                                    trainer_config__hang_timeout_s=4)]
+        logs = [tmp_path / f"{name}.log" for name in TwoHosts.NAMES]
+        with TwoHosts(tmp_path) as hosts:
+            agents = [hosts.popen(1, torchrun, logs[1], env)]
+            wait_for(lambda: "Starting elastic_operator" in read(logs[1]), 60, "node2's agent")
+            agents.insert(0, hosts.popen(0, torchrun, logs[0], env))
+            wait_for(lambda: all(a.poll() is not None for a in agents), 120, "both agents to end")
+        node1, node2 = (read(log) for log in logs)
+        said = [line for line in (node1 + node2).splitlines() if line.startswith("error: rank 1")]
+        assert len(said) == 1, f"node1:\n{node1}\nnode2:\n{node2}"
+        assert re.match(r"error: rank 1 \(host node2, pid \d+\) has not moved for \d+ s; it was in step 25's "
+                        r"data loading; rank\(s\) 0 are waiting for it in step 25's backward pass", said[0])
+        assert "the last snapshot (step 20) is kept as it was" in said[0]
+        assert [a.returncode for a in agents] == [1, 1]
+
+
 # -- HSDP across the two hosts ------------------------------------------------------------------
 
 HSDP_MAIN = WORKER_SCRIPTS / "hsdp_main.py"
