@@ -276,6 +276,24 @@ def signal_every_process(process: subprocess.Popen, number: int) -> list[psutil.
     return everyone
 
 
+def refused_leaving_nothing(folder: Path, data) -> str:
+    """Preparing and opening data (a DataConfig) fails with one DataError line, and folder is left as
+    it was: that line."""
+    from mingpt.char_dataset import open_corpus, prepare_corpus
+    from mingpt.common.errors import DataError
+
+    before = sorted(folder.rglob("*"))
+    try:
+        prepare_corpus(data)
+        open_corpus(data)
+    except DataError as refused:
+        message = str(refused)
+    else:
+        raise AssertionError(f"{data} was not refused")
+    assert "\n" not in message and sorted(folder.rglob("*")) == before, message
+    return message
+
+
 def one_error_line(result) -> str:
     """The one line a failed command said (exit status 1, no traceback)."""
     assert result.returncode == 1, (result.returncode, result.stderr)  # the README's promise
