@@ -147,8 +147,15 @@ class ShardStream:
         return self._copies.get(index, lambda: self._map_copy(shard))
 
     def _map_copy(self, shard: Shard) -> np.memmap:
+        """The copy's map. Another process making room may evict the copy between its fetch and its
+        map (the least recently used, so rarely one still wanted): then it is fetched once more."""
+        for _ in range(2):
+            self.cache.copy_of(shard.url, shard.file_bytes, shard.path)
+            with contextlib.suppress(FileNotFoundError):
+                return np.memmap(shard.path, dtype=shard.dtype, mode="r", offset=shard.offset,
+                                 shape=(shard.n_tokens,))
         self.cache.copy_of(shard.url, shard.file_bytes, shard.path)
-        return map_ids(shard)
+        return map_ids(shard)  # a third time: said in one line if it fails again
 
     @property
     def dtype(self) -> np.dtype:

@@ -11,7 +11,7 @@ from mingpt.char_dataset import DataConfig, open_corpus, split_dataset
 from mingpt.common.errors import ConfigError, DataError
 from mingpt.distributed.process_group import DistEnv
 from mingpt.tokens.data_loader import rank_loaders
-from mingpt.tokens.shard_cache import FOLDER
+from mingpt.tokens.shard_cache import FOLDER, ShardCache
 from mingpt.tokens.tokenizer import train_bpe
 
 ONE_RANK = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"),
@@ -78,6 +78,26 @@ def test_remote_shards_give_the_batches_of_the_same_shards_on_disk_within_the_ca
     assert max(used) <= bound and used[-1] > 0
     assert len(list(copies.glob("*.bin"))) == 3  # four shards read through a cache of three
     assert not list(copies.glob(".*.part"))  # every fetch finished, written whole
+
+
+def test_a_copy_evicted_by_another_process_before_its_map_is_fetched_again(shard_sets, tokenizer,
+                                                                            monkeypatch):
+    """Between one process's fetch of a copy and its map, another making room may delete it."""
+    _, remote = shard_sets
+    stream = open_corpus(data(remote, tokenizer, shards_at_once=1)).shards
+    fetched = []
+    copy_of = ShardCache.copy_of
+
+    def evicted_after_the_first_fetch(cache, url, size, local):
+        path = copy_of(cache, url, size, local)
+        fetched.append(url)
+        if len(fetched) == 1:
+            path.unlink()  # as another process's _make_room would
+        return path
+
+    monkeypatch.setattr(ShardCache, "copy_of", evicted_after_the_first_fetch)
+    assert np.array_equal(stream[np.arange(5)], np.fromfile(stream.shards[0].path, "<u2", 5, offset=1024))
+    assert fetched == [stream.shards[0].url] * 2
 
 
 def test_bad_remote_shards_are_one_line(shard_sets, tokenizer, s3):
