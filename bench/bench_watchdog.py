@@ -56,6 +56,9 @@ def compare(env, batch: int, rounds: int) -> dict:
     default = GPTConfig()
     with benchmark_trainer(env, default.n_layer, default.n_head, default.n_embd, BLOCK,
                            batch_size=batch) as trainer:
+        # As under a launcher with other ranks (the thread, which posts every few seconds, aside).
+        trainer.watch.active = True
+        trainer.watch.clock.time_arrival_at(trainer.model.input_parameters())
         batches = iter(trainer.train_loader)
         watched, unwatched = [], []
         for _ in range(rounds + 1):

@@ -173,10 +173,10 @@ class Trainer:
             config.data_loader_workers, config.seed, env, control.handled_signals(config.stop_signals))
         self.checkpointer = Checkpointer(config.snapshot_policy(), env, vocab)
         self.divergence = control.DivergenceWatch(env.device, scaled=self.scaler.is_enabled())
-        clock = StepClock(env.device)
-        clock.time_arrival_at(parallel.unwrap(self.model).input_parameters())
         self.watch = RunWatchdog(env.rank, env.world_size, config.hang_timeout_s, self.checkpointer.folder,
-                                 self.checkpointer.kept, clock)
+                                 self.checkpointer.kept, StepClock(env.device))
+        if self.watch.active:  # alone, no rank to compare with: no step is timed
+            self.watch.clock.time_arrival_at(parallel.unwrap(self.model).input_parameters())
         """Where this rank is and how long its steps take, for the others to see (its thread runs
         inside train())."""
         self.agreement: Optional[control.StepAgreement] = None

@@ -108,13 +108,16 @@ class RunWatchdog:
                  kept: Callable[[], str], clock: StepClock):
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
         self.clock = clock
-        """This rank's step times, kept by at() and posted with its position."""
+        """This rank's step times, kept by at() and posted with its position (when active)."""
         self.seen: dict[int, Seen] = {}
         """Every rank as this rank's thread last read them (once all have posted)."""
         self.report_folder = report_folder
         self.kept = kept
         """What the run leaves to resume from, for the line (Checkpointer.kept)."""
         self.position = Position()
+        launched = "MASTER_ADDR" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
+        self.active = world_size > 1 and launched
+        """Only under a launcher, with other ranks to watch."""
         self.interval_s = min(5.0, timeout_s / 6)
         self._parent = os.getppid()
         self._stop = threading.Event()
@@ -124,14 +127,11 @@ class RunWatchdog:
         # verdict that ended the attempt before it.
         self._key = f"{KEY}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
-    @property
-    def active(self) -> bool:
-        """Only under a launcher, with other ranks to watch."""
-        return self.world_size > 1 and "MASTER_ADDR" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
-
     def at(self, phase: str, step: int, item: int = 0) -> None:
         """The training thread's position: phase of step (IN_STEP phases: the step being taken)."""
         self.position = Position(step, phase, item)
+        if not self.active:
+            return  # nobody reads the step times: no event, no clock on the hot path
         if phase == "data":
             self.clock.waiting_for_data()
         elif phase == "forward" and item == 0:

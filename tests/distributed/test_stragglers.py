@@ -76,3 +76,13 @@ def test_the_clock_times_data_then_compute_up_to_the_last_gradients_of_a_real_ba
     assert clock.times.steps == 2 and clock.times.data_s >= 0 and clock.times.compute_s > 0
     clock.step_done()  # a step end without its start (after an evaluation) adds nothing
     assert clock.times.steps == 2
+
+
+def test_a_run_alone_times_no_step():
+    """Alone (or without a launcher) nobody reads the step times: the hot path does not keep them."""
+    from mingpt.distributed.watchdog import RunWatchdog
+
+    watch = RunWatchdog(0, 1, 60.0, "/tmp", lambda: "", StepClock(torch.device("cpu")))
+    for phase in ("data", "forward", "backward", "optimizer"):
+        watch.at(phase, 1)
+    assert not watch.active and watch.clock.times == StepTimes()
