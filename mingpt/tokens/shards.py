@@ -31,7 +31,7 @@ import numpy as np
 from mingpt.common import files
 from mingpt.common.errors import DataError, short_reason
 from mingpt.tokens.shard_cache import MappedCopies, ShardCache, copy_name, open_remote_headers
-from mingpt.tokens.token_file import VERSION_KEYS, read_header
+from mingpt.tokens.token_file import read_header, remote_version
 
 LLMC, NANOGPT = "llmc", "nanogpt"
 SHARD_FORMATS = (LLMC, NANOGPT)
@@ -304,9 +304,8 @@ def remote_shards(path: str, format: str, key: str, cache: ShardCache) -> list[S
         except Exception as e:
             raise DataError(f"{key}: cannot read {url} ({short_reason(e)}); check the store, the shard "
                             "and your credentials") from None
-        version = json.dumps({name: info[name] for name in VERSION_KEYS if name in info}, default=str)
         shard = shard_of(url, head, info["size"], format, key)
-        return replace(shard, path=cache.folder / copy_name(url, version), url=url)
+        return replace(shard, path=cache.folder / copy_name(url, json.dumps(remote_version(info))), url=url)
 
     return open_remote_headers(urls, read_one)
 

@@ -146,9 +146,14 @@ def fingerprint(source: str) -> dict:
             st = os.stat(files.local_path(source))
             return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
         info = files.info(source)
-    found = {key: info[key] for key in VERSION_KEYS if info.get(key) is not None}
-    # datetimes and the like compare as their JSON text, the form they are stored in
-    return json.loads(json.dumps({"size": info.get("size"), **found}, default=str))
+    return {"size": info.get("size"), **remote_version(info)}
+
+
+def remote_version(info: dict) -> dict:
+    """The keys of a remote file's fs.info() that change when it is rewritten, as JSON keeps them
+    (datetimes and the like compare as their JSON text, the form they are stored in)."""
+    return json.loads(json.dumps({key: info[key] for key in VERSION_KEYS if info.get(key) is not None},
+                                 default=str))
 
 
 def text_chunks(source: str) -> Iterator[str]:
