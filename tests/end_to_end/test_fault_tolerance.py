@@ -325,6 +325,12 @@ def named_slow(lines: list[str], phase: str) -> None:
     assert re.search(named, lines[-1]), lines[-1]
 
 
+def two_ranks_with_faults(overrides: list[str]) -> list:
+    """torchrun of 2 ranks on this machine, main.py with the faults FAULT and SLOW plant."""
+    script = WORKER_SCRIPTS / "fault_injection.py"
+    return [*TORCHRUN, "--standalone", "--nproc_per_node=2", script, *overrides]
+
+
 def rank_process(launcher: subprocess.Popen, rank: int) -> psutil.Process:
     """The worker of a torchrun run with RANK=rank."""
     for child in psutil.Process(launcher.pid).children(recursive=True):
@@ -347,8 +353,7 @@ def test_a_stopped_rank_is_named_in_one_line_and_a_long_save_is_not_a_hang(text_
                                trainer_config__hang_timeout_s=HANG_TIMEOUT_S)
     env = {"FAULT": "slow_write_at:10", "FAULT_RANK": "0", "SLOW_WRITE_S": str(2 * HANG_TIMEOUT_S),
            "SLOW": f"data:0.04:{SLOW_FROM}"}
-    command = [*TORCHRUN, "--standalone", "--nproc_per_node=2", WORKER_SCRIPTS / "fault_injection.py",
-               *overrides]
+    command = two_ranks_with_faults(overrides)
     process, seen = start_until(command, "median step", env)
     named_slow(seen, "data loading")
     assert "Snapshot saved at step 10" in "".join(seen)  # the long save went by
@@ -390,8 +395,7 @@ def test_ranks_whose_launcher_died_end_themselves(text_file, tmp_path):
     overrides = tiny_overrides(text_file, tmp_path / "snap.pt", trainer_config__max_epochs=2,
                                trainer_config__progress_interval_s=PROGRESS_S,
                                trainer_config__hang_timeout_s=HANG_TIMEOUT_S)
-    command = [*TORCHRUN, "--standalone", "--nproc_per_node=2", WORKER_SCRIPTS / "fault_injection.py",
-               *overrides]
+    command = two_ranks_with_faults(overrides)
     process, seen = start_until(command, "median step", {"SLOW": f"compute:0.04:{SLOW_FROM}"})
     named_slow(seen, "computation")
     workers = [rank_process(process, rank) for rank in (0, 1)]
@@ -414,8 +418,7 @@ def test_a_rank_blocked_in_its_data_loading_is_named_as_stuck(text_file, tmp_pat
     snapshot = tmp_path / "snap.pt"
     overrides = tiny_overrides(text_file, snapshot, trainer_config__save_every_steps=10,
                                trainer_config__hang_timeout_s=HANG_TIMEOUT_S)
-    command = [*TORCHRUN, "--standalone", "--nproc_per_node=2", WORKER_SCRIPTS / "fault_injection.py",
-               *overrides]
+    command = two_ranks_with_faults(overrides)
     started = time.monotonic()
     process, seen = start_until(command, "Snapshot saved at step 20", {"SLOW": "data:600:25"})
     before = sha256(snapshot)
