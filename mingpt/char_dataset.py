@@ -47,11 +47,11 @@ PATH_KEY, VAL_PATH_KEY = "data_config.path", "data_config.val_path"
 class DataConfig:
     path: str = str(DEFAULT_CORPUS)
     """A local path or any fsspec URL (s3://, gs://, https://, ...) of a UTF-8 text file; or
-    pre-tokenized shards on this machine (data_config.format): a .bin file, a folder of them or a glob
+    pre-tokenized shards (data_config.format): a .bin file, a folder of them or a glob
     ('fineweb10B/fineweb_train_*.bin', quoted), read in sorted path order as one stream; or a set of
-    texts on this machine: a folder or a glob of .txt, .jsonl and .parquet files (a .jsonl or .parquet
-    file alone is a set of one), each prepared once into a token file of its own and read in sorted
-    path order as one stream."""
+    texts: a folder or a glob of .txt, .jsonl and .parquet files (a .jsonl or .parquet file alone is a
+    set of one), each prepared once into a token file of its own and read in sorted path order as one
+    stream. Each of these locally or behind a URL (a folder's URL ends with "/")."""
     block_size: int = 128
     """Characters of context per sample."""
     train_split: float = 0.9

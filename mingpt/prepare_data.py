@@ -59,7 +59,7 @@ def prepare_share(text_set: TextSet) -> int:
     """This process's share of a set's preparation: a line for each file it makes; how many it made."""
     made = []
 
-    def said(source: Path, path: Path, now: bool) -> None:
+    def said(source: str, path: Path, now: bool) -> None:
         if now:
             made.append(path)
             say_line(f"prepared {path}: {read_header(path)['n_tokens']:,} tokens")
@@ -83,7 +83,7 @@ def prepare_text_set(text_set: TextSet, processes: int) -> str:
     # a BPE's header holds its tokenizer.json: 1,000 of them kept at once would be 1,000 copies
     counts = [(header["n_tokens"], header["vocab_size"]) for header in map(
         read_header, text_set.token_files(text_set.tokenizer(make=False)))]
-    size = sum(fingerprint(str(source))["size"] for source in text_set.files)
+    size = sum(fingerprint(source)["size"] for source in text_set.files)
     count = len(text_set.files)
     workers = f"{processes} process{'es' if processes > 1 else ''}"
     return (f"{count:,} file{'s' if count != 1 else ''}: {made:,} prepared now, {count - made:,} up to date; "

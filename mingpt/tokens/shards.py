@@ -63,7 +63,7 @@ def names_shards(path: str, format: str) -> bool:
     if format in SHARD_FORMATS:
         return True
     if files.is_remote(path):  # no listing here: a URL's query string may hold a "?"
-        return path.endswith(SUFFIX) or "*" in path
+        return path.endswith((SUFFIX, "/")) or "*" in path
     local = files.local_path(path)
     if local.endswith(SUFFIX) or os.path.isdir(local):
         return True
@@ -287,13 +287,18 @@ def open_shards(path: str, format: str, vocab_size: Optional[int], key: str,
 
 
 def remote_shards(path: str, format: str, key: str, cache: ShardCache) -> list[Shard]:
-    """The remote shards a URL or a URL's glob names, from their headers (1 KB each, read a few at
-    a time) and sizes; each to be read from its copy in the cache."""
+    """The remote shards a URL, a URL's glob or a folder's URL (ending with "/": its .bin files) names,
+    from their headers (1 KB each, read a few at a time) and sizes; each to be read from its copy in
+    the cache."""
+    folder = path.endswith("/")
     try:
-        urls = files.glob(path) if glob.has_magic(path) else [path]
+        urls = files.glob(f"{path}*{SUFFIX}") if folder else files.glob(path) if "*" in path else [path]
     except Exception as e:  # no credentials, no such bucket, an unreachable store: s3fs's own kinds
         raise DataError(f"{key}: cannot list {path} ({short_reason(e)}); check the store and your "
                         "credentials") from None
+    if not urls and folder:
+        raise DataError(f"{key}: the folder {path} holds no {SUFFIX} shards; point it at a folder of llm.c's "
+                        "or nanoGPT's .bin files, or at a text")
     if not urls:
         raise DataError(f"{key}: the glob {path} matches no file; check the pattern (and quote it, so that "
                         "the shell leaves it to the data loader)")

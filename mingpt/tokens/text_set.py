@@ -1,12 +1,15 @@
 """A corpus of many files: texts, JSON lines or Parquet, each prepared once into a token file of its
 own, by every process of the machine in turn, and read as one stream of ids.
 
-What a set is (set_files): `data_config.path` (or val_path) a folder, or a glob, whose files are
-texts by their suffix: `.txt` (UTF-8, read as it is), `.jsonl` (one JSON object a line, the document
-under `data_config.text_field`) or `.parquet` (the documents in the column of that name, as Hugging
-Face datasets publish them). A single `.jsonl` or `.parquet` file is a set of one; a single `.txt` (or
-any other text) stays one text, as it always was; `.bin` files are shards (shards.py); texts and shards
+What a set is (set_files): `data_config.path` (or val_path) a folder, or a glob, on this machine or
+behind a URL (a folder URL ends with "/"; a URL's glob has a "*"), whose files are texts by their
+suffix: `.txt` (UTF-8, read as it is), `.jsonl` (one JSON object a line, the document under
+`data_config.text_field`) or `.parquet` (the documents in the column of that name, as Hugging Face
+datasets publish them). A single `.jsonl` or `.parquet` file is a set of one; a single `.txt` (or any
+other text) stays one text, as it always was; `.bin` files are shards (shards.py); texts and shards
 in one set are refused. Other files in a folder (token files, locks, a README) are left alone.
+A remote set's files are read through fsspec (a Parquet file's row groups as ranged reads), each once
+per machine, into token files in the cache folder, where its BPE is kept too.
 
 Documents: a JSON lines or Parquet file's documents each end with the tokenizer's `<|endoftext|>`
 (GPT-2's tokenizer.json has it, and a BPE trained here for a set has it as its first token), else with
@@ -46,14 +49,14 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator, Optional, Union
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from mingpt.common import files
-from mingpt.common.errors import DataError
+from mingpt.common.errors import DataError, short_reason
 from mingpt.tokens import token_file
 from mingpt.tokens.bpe_encoder import PIECE_BYTES, Encoder, cut_pieces, encode_pieces, line_cut, word_cut
 from mingpt.tokens.shards import AUTO, SHARD_FORMATS, SUFFIX, ShardStream, glob_matches, open_token_files
@@ -74,27 +77,52 @@ PYARROW = "pip install 'mingpt-ddp[parquet]' (or pip install pyarrow)"
 
 # -------------------------------------------------------------------------------------- what a set is
 
-def set_files(path: str, format: str, key: str) -> Optional[list[Path]]:
-    """The files of the set of texts that path names, in sorted path order; None when it names one
-    text (as it always did) or shards (shards.py). Every refusal of the set's shape is here."""
+def suffix(name: str) -> str:
+    """A file's suffix, of a local path or a URL alike."""
+    return PurePosixPath(name).suffix
+
+
+def set_files(path: str, format: str, key: str) -> Optional[list[str]]:
+    """The files of the set of texts that path names (local paths or URLs), in sorted path order;
+    None when it names one text (as it always did) or shards (shards.py). Every refusal of the set's
+    shape is here."""
     if format in SHARD_FORMATS:
         return None
     if files.is_remote(path):
-        if path.endswith(DOCUMENT_SUFFIXES) and format == AUTO:
-            raise DataError(f"{key}: {path}: remote sets of texts are not supported yet; copy them locally")
-        return None
+        return remote_set_files(path, format, key)
     local = files.local_path(path)
     if os.path.isfile(local):
-        return [Path(local)] if format == AUTO and Path(local).suffix in DOCUMENT_SUFFIXES else None
+        return [local] if format == AUTO and suffix(local) in DOCUMENT_SUFFIXES else None
     folder = os.path.isdir(local)
     if folder:
-        found = sorted(child for child in Path(local).iterdir() if child.is_file())
+        found = sorted(str(child) for child in Path(local).iterdir() if child.is_file())
     elif glob.has_magic(local):
-        found = glob_matches(local, path, key)
+        found = [str(match) for match in glob_matches(local, path, key)]
     else:
         return None  # no such file: the text's own error says so
-    texts = [found_file for found_file in found if found_file.suffix in TEXT_SUFFIXES]
-    shards = [found_file for found_file in found if found_file.suffix == SUFFIX]
+    return texts_of(found, path, format, key, folder)
+
+
+def remote_set_files(path: str, format: str, key: str) -> Optional[list[str]]:
+    """A URL's set: a folder's files (the URL ends with "/") or a glob's ("*"; a "?" may be a query
+    string's), listed in one request; a .jsonl or .parquet file is a set of one; else one text."""
+    folder = path.endswith("/")
+    if not (folder or "*" in path):
+        return [path] if format == AUTO and suffix(path) in DOCUMENT_SUFFIXES else None
+    try:
+        found = files.glob(f"{path}*" if folder else path)
+    except Exception as e:  # no credentials, no such bucket, an unreachable store: s3fs's own kinds
+        raise DataError(f"{key}: cannot list {path} ({short_reason(e)}); check the store and your "
+                        "credentials") from None
+    if not found and not folder:
+        return None  # shards.py says that the glob matches nothing
+    return texts_of(found, path, format, key, folder)
+
+
+def texts_of(found: list[str], path: str, format: str, key: str, folder: bool) -> Optional[list[str]]:
+    """The texts among a folder's or a glob's files; None for shards, which shards.py reads."""
+    texts = [name for name in found if suffix(name) in TEXT_SUFFIXES]
+    shards = [name for name in found if suffix(name) == SUFFIX]
     if texts and shards:
         raise DataError(f"{key}: {texts[0]} is neither an llm.c shard (no magic number) nor a {SUFFIX} file "
                         f"of nanoGPT's but a text, and {shards[0]} a shard: a set is of texts (.txt, .jsonl, "
@@ -140,28 +168,34 @@ class TextSet:
         return TokenizerChoice(str(path))
 
     def bpe_path(self) -> Path:
-        """Where the set's BPE is kept: beside its first file (or in the cache folder), named by a
-        digest of the settings and of the sampled files' versions."""
+        """Where the set's BPE is kept: beside its first file (or in the cache folder, for a remote
+        set), named by a digest of the settings and of the sampled files' versions."""
         sampled = self.files[:SAMPLE_FILES]
         made_from = {"settings": self.choice.settings(), "text_field": self.text_field,
-                     "sample": [[str(Path(f).resolve()), token_file.fingerprint(str(f))] for f in sampled]}
+                     "sample": [[source_name(f), token_file.fingerprint(f)] for f in sampled]}
         digest = hashlib.sha256(json.dumps(made_from, sort_keys=True).encode()).hexdigest()[:16]
-        folder = Path(sampled[0]).parent
-        if not token_file.folder_is_writable(folder):
+        remote = files.is_remote(sampled[0])
+        folder = None if remote else Path(sampled[0]).parent
+        if folder is None or not token_file.folder_is_writable(folder):
             folder = files.cache_folder(self.cache_dir)
         return folder / f"bpe-{digest}.tokenizer.json"
 
-    def reader(self, source: Path, tokenizer_json: Optional[str]) -> PlainText:
+    def reader(self, source: str, tokenizer_json: Optional[str]) -> PlainText:
         """How a file of the set becomes text: as it is, or its documents, each ended by the
         tokenizer's end-of-text token or a newline."""
-        if source.suffix not in DOCUMENT_SUFFIXES:
+        if suffix(source) not in DOCUMENT_SUFFIXES:
             return SET_TEXT
         has_end = tokenizer_json is not None and END_OF_TEXT in Tokenizer.from_str(tokenizer_json).get_vocab()
-        kind = JsonLines if source.suffix == JSONL else Parquet
+        kind = JsonLines if suffix(source) == JSONL else Parquet
         return kind(self.text_field, END_OF_TEXT if has_end else NEWLINE, self.key)
 
     def token_files(self, tokenizer: TokenizerChoice) -> list[Path]:
-        return [token_file.token_file_for(str(f), self.cache_dir, tokenizer) for f in self.files]
+        return [token_file.token_file_for(f, self.cache_dir, tokenizer) for f in self.files]
+
+
+def source_name(source: str) -> str:
+    """A file's name whichever way it was reached: a local one resolved, a URL as it is."""
+    return source if files.is_remote(source) else str(Path(source).resolve())
 
 
 # -------------------------------------------------------------------------------------------- readers
@@ -259,7 +293,7 @@ class JsonLines(Documents):
 
     def documents(self, source: str) -> Iterator[str]:
         """The text_field of each line's object; blank lines are skipped, empty documents too."""
-        with token_file.source_errors(source), open(files.local_path(source), "rb") as f:
+        with token_file.source_errors(source), files.open_file(source, "rb") as f:
             offset = 0
             for number, raw in enumerate(f, 1):
                 try:
@@ -296,24 +330,33 @@ class Parquet(Documents):
 
     def documents(self, source: str) -> Iterator[str]:
         """The text column, a batch of rows at a time; null and empty documents are skipped."""
-        parquet = check_parquet(source, self.text_field, self.key)
-        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[self.text_field]):
-            for text in batch.column(0).to_pylist():
-                if text:
-                    yield text
+        with open_parquet(source, self.text_field, self.key) as parquet:
+            for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[self.text_field]):
+                for text in batch.column(0).to_pylist():
+                    if text:
+                        yield text
 
 
-def check_parquet(source: str, text_field: str, key: str):
-    """The Parquet file, opened and checked: pyarrow installed, a string column of that name."""
+@contextlib.contextmanager
+def open_parquet(source: str, text_field: str, key: str):
+    """The Parquet file, opened (a remote one read in ranges through fsspec) and checked: pyarrow
+    installed, a string column of that name."""
     try:
         import pyarrow.parquet as pq
-        import pyarrow.types as types
     except ImportError:
         raise DataError(f"{key}: {source} is Parquet, which needs pyarrow: {PYARROW}") from None
-    try:
-        parquet = pq.ParquetFile(files.local_path(source))
-    except OSError as e:
-        raise DataError(f"{key}: {source} is not a readable Parquet file ({e}); check the file") from None
+    with token_file.source_errors(source), files.open_file(source, "rb") as f:
+        try:
+            parquet = pq.ParquetFile(f)
+        except OSError as e:
+            raise DataError(f"{key}: {source} is not a readable Parquet file ({e}); check the file") from None
+        check_text_column(parquet, source, text_field, key)
+        yield parquet
+
+
+def check_text_column(parquet, source: str, text_field: str, key: str) -> None:
+    import pyarrow.types as types
+
     schema = parquet.schema_arrow
     if text_field not in schema.names:
         columns = ", ".join(schema.names[:8])
@@ -324,7 +367,6 @@ def check_parquet(source: str, text_field: str, key: str):
             or getattr(types, "is_string_view", lambda _: False)(column)):
         raise DataError(f"{key}: {source}'s column \"{text_field}\" holds {column}, not strings; set "
                         "data_config.text_field to the column that holds the text")
-    return parquet
 
 
 # --------------------------------------------------------------------------------------- preparing
@@ -337,7 +379,7 @@ def train_set_bpe(text_set: TextSet, path: Path) -> None:
             return
         sampled = text_set.files[:SAMPLE_FILES]
         share = max(text_set.choice.sample_bytes // len(sampled), 1)
-        texts = (text for source in sampled for text in sample_texts(text_set, Path(source), share))
+        texts = (text for source in sampled for text in sample_texts(text_set, source, share))
         tokenizer = train_bpe(texts, text_set.choice.vocab_size, special_tokens=[END_OF_TEXT])
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp")
         try:
@@ -351,16 +393,16 @@ def train_set_bpe(text_set: TextSet, path: Path) -> None:
             raise
 
 
-def sample_texts(text_set: TextSet, source: Path, sample_bytes: int) -> Iterator[str]:
+def sample_texts(text_set: TextSet, source: str, sample_bytes: int) -> Iterator[str]:
     """A file's share of the BPE's sample: windows spread over a text, a documents file's first ones."""
     reader = text_set.reader(source, None)
     if isinstance(reader, Documents):
-        return reader.sample(str(source), sample_bytes)
-    size = token_file.fingerprint(str(source))["size"]
-    return token_file.bpe_sample(str(source), size, sample_bytes) if size else iter(())
+        return reader.sample(source, sample_bytes)
+    size = token_file.fingerprint(source)["size"]
+    return token_file.bpe_sample(source, size, sample_bytes) if size else iter(())
 
 
-Report = Callable[[Path, Path, bool], None]
+Report = Callable[[str, Path, bool], None]
 """Told of each file a process is done with: the source, its token file, whether it made it now."""
 
 
@@ -371,22 +413,23 @@ def prepare_set(text_set: TextSet, report: Optional[Report] = None) -> list[Path
     bpe_was_there = bpe_path is not None and bpe_path.exists()
     tokenizer = text_set.tokenizer(make=True)
     tokenizer_json = None if tokenizer.is_char else tokenizer.file.json
-    readers = [text_set.reader(Path(f), tokenizer_json) for f in text_set.files]
+    readers = [text_set.reader(f, tokenizer_json) for f in text_set.files]
     for source, reader in zip(text_set.files, readers):  # what can be checked cheaply, before any is made
         if isinstance(reader, Parquet):
-            check_parquet(str(source), reader.text_field, text_set.key)
+            with open_parquet(source, reader.text_field, text_set.key):
+                pass
     made: list[Path] = []
     try:
         waiting = []
         for source, reader in zip(text_set.files, readers):
-            done = token_file.prepare_if_free(str(source), text_set.cache_dir, tokenizer, reader)
+            done = token_file.prepare_if_free(source, text_set.cache_dir, tokenizer, reader)
             if done is None:
                 waiting.append((source, reader))
             else:
                 tell(report, source, *done, made)
         for source, reader in waiting:
             # made or checked by the process that held it: its header is checked, not its ids again
-            done = token_file.prepare(str(source), text_set.cache_dir, tokenizer, reader, checked=True)
+            done = token_file.prepare(source, text_set.cache_dir, tokenizer, reader, checked=True)
             tell(report, source, *done, made)
     except DataError:
         for path in made + ([bpe_path] if bpe_path is not None and not bpe_was_there else []):
@@ -397,11 +440,11 @@ def prepare_set(text_set: TextSet, report: Optional[Report] = None) -> list[Path
     return text_set.token_files(tokenizer)
 
 
-def tell(report: Optional[Report], source: Path, path: Path, now: bool, made: list[Path]) -> None:
+def tell(report: Optional[Report], source: str, path: Path, now: bool, made: list[Path]) -> None:
     if now:
         made.append(path)
     if report is not None:
-        report(Path(source), path, now)
+        report(source, path, now)
 
 
 # ----------------------------------------------------------------------------------------- reading

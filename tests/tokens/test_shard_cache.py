@@ -1,6 +1,8 @@
 """shard_cache.py: shards on S3 (a real moto server on loopback, through s3fs, as test_s3.py) read
 through a bounded cache: the same batches as the same shards on disk, the cache never over its
 bound, each shard fetched once per visit, and each bad input one line."""
+from pathlib import Path
+
 import fsspec
 import numpy as np
 import pytest
@@ -78,6 +80,20 @@ def test_remote_shards_give_the_batches_of_the_same_shards_on_disk_within_the_ca
     assert max(used) <= bound and used[-1] > 0
     assert len(list(copies.glob("*.bin"))) == 3  # four shards read through a cache of three
     assert not list(copies.glob(".*.part"))  # every fetch finished, written whole
+
+
+def test_a_remote_folder_trains_and_a_local_file_evaluates(shard_sets, tokenizer):
+    """Mixed: path a folder's URL (its .bin files, through the cache), val_path a shard on disk."""
+    local, remote = shard_sets
+    mixed = DataConfig(path=f"{remote}/", val_path=str(local / "val_0.bin"), tokenizer=str(tokenizer),
+                       block_size=16)
+    train, validation = open_corpus(mixed), open_corpus(mixed, validation=True)
+    assert [Path(shard.url).name for shard in train.shards.shards] == [f"{name}.bin" for name in
+                                                                       ["train_0", "train_1", "train_2",
+                                                                        "train_3", "val_0"]]
+    assert train.shards.cache is not None and validation.shards.cache is None
+    assert np.array_equal(train.shards[np.arange(4 * SHARD_IDS, 5 * SHARD_IDS)],
+                          validation.shards[np.arange(SHARD_IDS)])
 
 
 def test_a_copy_evicted_by_another_process_before_its_map_is_fetched_again(shard_sets, tokenizer,

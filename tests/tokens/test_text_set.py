@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import fsspec
 import numpy as np
 import pytest
 import torch
@@ -120,6 +121,34 @@ def test_parquet_documents_are_read_from_their_column(tmp_path, tokenizer):
     assert all_ids(dataset).tolist() == [i for doc in DOCUMENTS for i in encode(tokenizer, doc) + [0]]
 
 
+def test_a_remote_set_is_read_as_the_same_set_on_disk(tmp_path, tokenizer, s3, monkeypatch):
+    """Texts, JSON lines and Parquet behind a folder's URL (and a glob's), through s3fs: the ids of the
+    same files on disk; token files and a trained BPE in the cache folder, nothing written to the store."""
+    for key, value in {**s3.env(), "MINGPT_CACHE_DIR": str(tmp_path / "cache")}.items():
+        monkeypatch.setenv(key, value)
+    local = tmp_path / "set"
+    texts_folder(local, count=2)
+    write_jsonl(local / "part_002.jsonl", DOCUMENTS[:3])
+    write_parquet(local / "part_003.parquet", DOCUMENTS[3:])
+    remote = f"s3://{s3.bucket}/{tmp_path.name}"
+    store = fsspec.filesystem("s3", skip_instance_cache=True)
+    store.put(f"{local}/", f"{remote}/", recursive=True)
+    on_disk = config(local, tokenizer)
+    prepare_corpus(on_disk)
+    for path in (f"{remote}/", f"{remote}/part_*"):
+        data = config(path, tokenizer)
+        prepare_corpus(data)
+        assert open_corpus(data).shards.describe() == "4 text shards"
+        assert np.array_equal(all_ids(open_corpus(data)), all_ids(open_corpus(on_disk)))
+    bpe = config(f"{remote}/part_*.jsonl", "bpe", bpe_vocab_size=280)
+    prepare_corpus(bpe)
+    assert open_corpus(bpe).vocab_size <= 280
+    assert len(list((tmp_path / "cache").glob("bpe-*.tokenizer.json"))) == 1
+    assert sorted(Path(name).name for name in store.ls(remote)) == sorted(p.name for p in local.iterdir()
+                                                                          if "part_00" in p.name
+                                                                          and "tokens" not in p.name)
+
+
 def test_characters_of_a_set_of_one_end_documents_with_a_newline(tmp_path):
     data = DataConfig(path=str(write_jsonl(tmp_path / "docs.jsonl", DOCUMENTS)), block_size=16)
     prepare_corpus(data)
@@ -144,7 +173,7 @@ def test_a_sets_bpe_is_trained_once_and_makes_every_file(tmp_path):
     assert dataset.num_chars == sum(len(encode(bpe, text)) for text in texts) + \
         sum(len(encode(bpe, doc)) + 1 for doc in DOCUMENTS)
     times = [p.stat().st_mtime_ns for p in made]
-    text_set_of = TextSet("data_config.path", tuple(sorted((tmp_path / "set").glob("*[tl]"))),
+    text_set_of = TextSet("data_config.path", tuple(sorted(map(str, (tmp_path / "set").glob("*[tl]")))),
                           data.tokenizer_choice)
     said = []
     prepare_set(text_set_of, lambda source, path, now: said.append(now))
@@ -177,7 +206,7 @@ def test_two_processes_prepare_a_folder_together_each_file_once(tmp_path, tokeni
     log = tmp_path / "made.log"
     monkeypatch.setattr(token_file, "build", slow_logged_build(log))
     files = tuple(sorted((tmp_path / "set").glob("*.txt")))
-    one_set = TextSet("data_config.path", files, TokenizerChoice(str(tokenizer)))
+    one_set = TextSet("data_config.path", tuple(map(str, files)), TokenizerChoice(str(tokenizer)))
     context = multiprocessing.get_context("fork")
     barrier = context.Barrier(2)
     workers = [context.Process(target=prepare_after, args=(barrier, one_set)) for _ in range(2)]
@@ -201,8 +230,8 @@ def test_a_changed_file_is_prepared_again_alone(tmp_path, tokenizer):
     changed.write_text(make_text(900, seed=7))
     files = tuple(sorted((tmp_path / "set").glob("*.txt")))
     made = []
-    prepare_set(TextSet("data_config.path", files, data.tokenizer_choice),
-                lambda source, path, now: made.append(source.name) if now else None)
+    prepare_set(TextSet("data_config.path", tuple(map(str, files)), data.tokenizer_choice),
+                lambda source, path, now: made.append(Path(source).name) if now else None)
     assert made == ["part_001.txt"]
     assert open_corpus(data).num_chars == sum(len(encode(tokenizer, f.read_text())) for f in files)
 
