@@ -1,7 +1,8 @@
 """Exact resume: a worker SIGKILLed mid-run and restarted by torchrun, or a run stopped by a signal to
 every process (data workers too) and started again, ends bitwise where an unbroken run ends; a save
-killed half-way never costs the previous snapshot; a mid-epoch snapshot resumed at another world
-size trains each sample once."""
+killed half-way never costs the previous snapshot; a snapshot taken mid-shard and resumed at another
+world size continues the sample order exactly."""
+import os
 import re
 import shutil
 import signal
@@ -249,40 +250,77 @@ def test_a_stop_signal_stops_every_rank_at_one_step_with_data_workers_and_resume
     assert_same_state(final_state(snapshot), unbroken)
 
 
-def trained_samples(folder) -> dict[int, list[int]]:
-    """epoch -> every sample index any rank of any run trained on, as recorded."""
-    by_epoch: dict[int, list[int]] = {}
-    for path in folder.glob("samples-*.txt"):
-        for line in path.read_text().splitlines():
-            epoch, *indices = map(int, line.split())
-            by_epoch.setdefault(epoch, []).extend(indices)
-    return by_epoch
+def shards_of(text_file, folder, tokenizer_json) -> str:
+    """The text's ids under a small BPE, as 3 llm.c shards of 20,000 ids (repeated to fill them) and a
+    validation shard of 2,000; the glob of the 3."""
+    import numpy as np
+    from helpers import write_llmc_shard
+    from tokenizers import Tokenizer
+
+    from mingpt.tokens.tokenizer import train_bpe
+
+    text = text_file.read_text()
+    train_bpe(iter([text]), vocab_size=300).save(str(tokenizer_json))
+    ids = np.array(Tokenizer.from_file(str(tokenizer_json)).encode(text).ids)
+    ids = np.resize(ids, 3 * 20_000)
+    folder.mkdir()
+    for index in range(3):
+        write_llmc_shard(folder / f"train_{index}.bin", ids[index * 20_000:(index + 1) * 20_000])
+    write_llmc_shard(folder / "val.bin", ids[-2000:])
+    return str(folder / "train_*.bin")
 
 
-def test_a_mid_epoch_snapshot_resumed_at_another_world_size_trains_each_sample_once(
+def test_a_mid_shard_snapshot_resumed_at_another_world_size_continues_the_sample_order(
         text_file, tmp_path, capsys, monkeypatch, one_torch_thread):
-    """2 ranks stop mid-epoch (a step budget); 1 rank (main.run() in this process) finishes the epoch
-    from that sample on."""
+    """2 ranks stop mid-epoch, in the second of 3 llm.c shards read one at a time (a step budget); 1
+    rank (main.run() in this process) finishes the epoch: each sample once, and from the resumed
+    sample on in exactly the order a run of 1 rank takes them."""
     from workers.fault_injection import record_samples
 
-    from mingpt.tokens.data_loader import GlobalOrderSampler
+    from mingpt.char_dataset import DataConfig, open_corpus, split_dataset
+    from mingpt.distributed.process_group import DistEnv
+    from mingpt.tokens.data_loader import GlobalOrderSampler, rank_loaders
 
     snapshot, record = tmp_path / "snap.pt", tmp_path / "samples"
     record.mkdir()
+    shards = shards_of(text_file, tmp_path / "shards", tmp_path / "tokenizer.json")
+    data = DataConfig(path=shards, val_path=str(tmp_path / "shards" / "val.bin"), block_size=16,
+                      tokenizer=str(tmp_path / "tokenizer.json"), shards_at_once=1)
+    overrides = tiny_overrides(shards, snapshot, data_config__tokenizer=data.tokenizer,
+                               data_config__val_path=data.val_path, data_config__shards_at_once=1)
     first = run([*TORCHRUN, "--standalone", "--nproc_per_node=2", WORKER_SCRIPTS / "fault_injection.py",
-                 *tiny_overrides(text_file, snapshot, trainer_config__max_steps=30)],
-                env={"RECORD_SAMPLES": str(record)})
+                 *overrides, "trainer_config.max_steps=30"], env={"RECORD_SAMPLES": str(record)})
     assert_ok(first)
     assert "Snapshot saved at step 30 (the last)" in first.stdout
     monkeypatch.setattr(GlobalOrderSampler, "__iter__", GlobalOrderSampler.__iter__)  # put back after
     record_samples(str(record))
-    second = run_main_in_process(tiny_overrides(text_file, snapshot), capsys)
+    second = run_main_in_process(overrides, capsys)
     assert_ok(second)
     assert "resumed by 1: epoch 1 continues at sample 1,920" in second.stderr + second.stdout
-    samples = trained_samples(record)[1]
-    train_size = 5385  # int(0.9 x (6,000 - 16)) windows
-    assert sorted(samples) == list(range(train_size))
     assert torch.load(snapshot, weights_only=True)["finished_epoch"] == 1
+    by_process = samples_by_process(record)  # before the sampler below adds its own
+
+    seed = 1337  # trainer_config.seed's default
+    train, test = split_dataset(open_corpus(data), data, seed, open_corpus(data, validation=True))
+    one_rank = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"),
+                       backend="gloo")
+    loader, _ = rank_loaders(train, test, 32, 1, 0, 0, seed, one_rank, ())
+    loader.sampler.set_epoch(1)
+    order = torch.cat(list(loader.sampler)).tolist()  # the order of a run of 1 rank
+    assert 1920 < len(order) and len(train) == len(order)
+    resumed = by_process.pop(os.getpid())
+    assert sorted(sum(by_process.values(), [])) == sorted(order[:1920])
+    assert resumed == order[1920:]
+
+
+def samples_by_process(folder) -> dict[int, list[int]]:
+    """The samples each process trained in epoch 1, in its order, by process id."""
+    by_pid = {}
+    for path in folder.glob("samples-*.txt"):
+        pid = int(path.stem.rsplit("-", 1)[1])
+        by_pid[pid] = [i for line in path.read_text().splitlines() for i in map(int, line.split()[1:])
+                       if line.split()[0] == "1"]
+    return by_pid
 
 
 # Divergence on 2 ranks: every rank stops at the same step, one line (said once), the snapshot kept.
