@@ -13,7 +13,10 @@ scratch (every token file removed first), --repeats times, and reports:
   the command and the processes it starts; target: under 1 GB each);
 - the CPU seconds of the command and the processes it started (getrusage of the waited children), and
   so the cores it kept busy, with the load average before each run (other work on the machine);
-- that each file was prepared exactly once (the command's lines), and a second run prepared none.
+- that each file was prepared exactly once (the command's lines), and a second run prepared none;
+- what a rank's start-up then spends on the prepared set (prepare_corpus, every file current, then
+  open_corpus), without the set's index (each token file's header read and its ids checksummed) and
+  with it (text_set.SetIndex), the page cache warm in both.
 Results are written to bench/results/text_set.json (--json). The machine is named in the results: on
 a 2-core machine shared with other work the speed-up is bounded by what the other work leaves.
 """
@@ -62,8 +65,28 @@ def write_folder(folder: Path, files: int, total_mb: float) -> int:
 
 
 def clean(folder: Path) -> None:
-    for made in folder.glob("*.tokens*"):
+    for made in [*folder.glob("*.tokens*"), *folder.glob("set-*.index.json")]:
         made.unlink()
+
+
+def start_up(folder: Path, tokenizer: Path) -> dict:
+    """Seconds of a start-up on the prepared set, without its index (which it then writes) and with it."""
+    from mingpt.char_dataset import DataConfig, open_corpus, prepare_corpus
+
+    config = DataConfig(path=str(folder), tokenizer=str(tokenizer))
+
+    def timed() -> float:
+        start = time.perf_counter()
+        prepare_corpus(config)
+        open_corpus(config)
+        return time.perf_counter() - start
+
+    for index in folder.glob("set-*.index.json"):
+        index.unlink()
+    without = timed()
+    with_index = statistics.median(timed() for _ in range(3))
+    print(f"start-up on the prepared set: {without:.2f} s without its index, {with_index:.2f} s with it")
+    return {"without_index_s": round(without, 2), "with_index_s": round(with_index, 2)}
 
 
 def run_measured(command: list[str]) -> dict:
@@ -150,6 +173,7 @@ def main() -> None:
             "peak_rss_mb_per_process": max((run["peak_rss_mb"] for run in runs), key=max),
             "second_run_s": round(again["seconds"], 2),
         }
+    report["start_up"] = start_up(folder, tokenizer)
     speedup = report["runs"][1]["median_s"] / report["runs"][2]["median_s"]
     peak = max(max(run["peak_rss_mb_per_process"]) for run in report["runs"].values())
     report["speedup_2_over_1"] = round(speedup, 2)

@@ -428,16 +428,22 @@ are read: one stream, as shards are, so that the split, the sample order and res
 FORMAT_NAMES[MINGPT] = "text"
 
 
-def open_token_files(paths: list[Path], key: str, tokenizer_settings: dict) -> ShardStream:
+LAYOUT_FIELDS = ("dtype", "data_offset", "n_tokens")
+"""Where a token file's ids lie, as its header says."""
+
+
+def open_token_files(paths: list[Path], key: str, tokenizer_settings: dict,
+                     layouts: Optional[list[dict]] = None) -> ShardStream:
     """A set's token files as one stream, each laid out as its header says (the ids are not read:
-    the preparation checked them); all made with these tokenizer settings, so of one vocabulary."""
+    the preparation checked them); all made with these tokenizer settings, so of one vocabulary.
+    layouts: their LAYOUT_FIELDS, known already (a set's current index): no header is read."""
     shards = []
-    for path in paths:
-        header = read_header(path)
-        if header["tokenizer"] != tokenizer_settings:
+    for index, path in enumerate(paths):
+        layout = layouts[index] if layouts is not None else read_header(path)
+        if layouts is None and layout["tokenizer"] != tokenizer_settings:
             raise DataError(f"token file {path} was made by another run, for other tokenizer settings; run "
                             "one tokenizer setting per set at a time, then start again")
-        shards.append(Shard(Path(path), MINGPT, np.dtype(header["dtype"]), header["data_offset"],
-                            header["n_tokens"]))
+        shards.append(Shard(Path(path), MINGPT, np.dtype(layout["dtype"]), layout["data_offset"],
+                            layout["n_tokens"]))
     allow_open_files(len(shards))
     return ShardStream(shards, key, None)

@@ -36,6 +36,14 @@ a file whose token file is current (the source's size and time, the tokenizer an
 the checksum) is not made again. An error (a bad line, a missing column, a text not UTF-8) removes
 the token files this process made in this call: a set is prepared whole or left as it was.
 
+The set's index (SetIndex): once every file's token file is current, the set writes down each file's
+source version, its token file's size and time and where its ids lie, in one small file beside the
+token files (set-<digest>.index.json). A later start-up (every rank's, each restart's) that finds every
+source and token file as written there checks nothing else and reads no token file's header: a BPE
+token file's header holds the whole tokenizer.json (GPT-2's is 1.4 MB), so 1,000 of them were seconds
+of every rank's start-up. Anything changed, and the files are checked one by one as before, and the
+index written again.
+
 Parquet needs pyarrow, an optional extra (`pip install 'mingpt-ddp[parquet]'`): it is Apache Arrow's
 reference reader, the one Hugging Face datasets itself uses, reads a column a batch of rows at a time
 (memory bounded by a row group, not the file) with every codec those files use; fastparquet needs
@@ -59,7 +67,15 @@ from mingpt.common import files
 from mingpt.common.errors import DataError, short_reason
 from mingpt.tokens import token_file
 from mingpt.tokens.bpe_encoder import PIECE_BYTES, Encoder, cut_pieces, encode_pieces, line_cut, word_cut
-from mingpt.tokens.shards import AUTO, SHARD_FORMATS, SUFFIX, ShardStream, glob_matches, open_token_files
+from mingpt.tokens.shards import (
+    AUTO,
+    LAYOUT_FIELDS,
+    SHARD_FORMATS,
+    SUFFIX,
+    ShardStream,
+    glob_matches,
+    open_token_files,
+)
 from mingpt.tokens.token_file import CHUNK_BYTES, PlainText, TokenFile, open_token_file
 from mingpt.tokens.tokenizer import BPE, END_OF_TEXT, TokenizerChoice, train_bpe
 
@@ -191,6 +207,9 @@ class TextSet:
 
     def token_files(self, tokenizer: TokenizerChoice) -> list[Path]:
         return [token_file.token_file_for(f, self.cache_dir, tokenizer) for f in self.files]
+
+    def index(self, tokenizer: TokenizerChoice) -> "SetIndex":
+        return SetIndex(self, tokenizer)
 
 
 def source_name(source: str) -> str:
@@ -412,6 +431,11 @@ def prepare_set(text_set: TextSet, report: Optional[Report] = None) -> list[Path
     bpe_path = text_set.bpe_path() if text_set.choice.name == BPE else None
     bpe_was_there = bpe_path is not None and bpe_path.exists()
     tokenizer = text_set.tokenizer(make=True)
+    index = text_set.index(tokenizer)
+    if index.layouts() is not None:
+        for source, path in zip(text_set.files, text_set.token_files(tokenizer)):
+            tell(report, source, path, False, [])
+        return text_set.token_files(tokenizer)
     tokenizer_json = None if tokenizer.is_char else tokenizer.file.json
     readers = [text_set.reader(f, tokenizer_json) for f in text_set.files]
     for source, reader in zip(text_set.files, readers):  # what can be checked cheaply, before any is made
@@ -431,6 +455,7 @@ def prepare_set(text_set: TextSet, report: Optional[Report] = None) -> list[Path
             # made or checked by the process that held it: its header is checked, not its ids again
             done = token_file.prepare(source, text_set.cache_dir, tokenizer, reader, checked=True)
             tell(report, source, *done, made)
+        index.write()
     except DataError:
         for path in made + ([bpe_path] if bpe_path is not None and not bpe_was_there else []):
             for leftover in (path, Path(f"{path}.lock")):
@@ -456,4 +481,58 @@ def open_set(text_set: TextSet) -> Union[TokenFile, tuple[ShardStream, str]]:
     paths = text_set.token_files(tokenizer)
     if len(paths) == 1:
         return open_token_file(paths[0])
-    return open_token_files(paths, text_set.key, tokenizer.settings()), tokenizer.file.json
+    layouts = text_set.index(tokenizer).layouts()
+    return open_token_files(paths, text_set.key, tokenizer.settings(), layouts), tokenizer.file.json
+
+
+# ------------------------------------------------------------------------------------- the set's index
+
+INDEX_VERSION = 1
+
+
+class SetIndex:
+    """The set's index (see the module's docstring): beside its first token file, named by a digest
+    of the set's files and the settings that make their ids."""
+
+    def __init__(self, text_set: TextSet, tokenizer: TokenizerChoice):
+        self.text_set = text_set
+        self.token_files = text_set.token_files(tokenizer)
+        made_by = {"files": [source_name(f) for f in text_set.files], "tokenizer": tokenizer.settings(),
+                   "text_field": text_set.text_field, "version": INDEX_VERSION}
+        digest = hashlib.sha256(json.dumps(made_by, sort_keys=True).encode()).hexdigest()[:16]
+        self.path = self.token_files[0].parent / f"set-{digest}.index.json"
+
+    def layouts(self) -> Optional[list[dict]]:
+        """Where each token file's ids lie, when the index is there and every source and token file
+        is as it says; None otherwise (missing, damaged, or anything changed)."""
+        try:
+            entries = json.loads(self.path.read_text())["files"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if not isinstance(entries, list) or len(entries) != len(self.token_files):
+            return None
+        for entry, source, path in zip(entries, self.text_set.files, self.token_files):
+            if not isinstance(entry, dict) or entry.get("token_file") != token_file_version(path) or \
+                    entry.get("source") != token_file.fingerprint(source):
+                return None
+        return [{field: entry[field] for field in LAYOUT_FIELDS} for entry in entries]
+
+    def write(self) -> None:
+        """Written by whoever finds every token file current (all such writers write the same)."""
+        entries = []
+        for source, path in zip(self.text_set.files, self.token_files):
+            header = token_file.read_header(path)
+            entries.append({"source": header["fingerprint"], "token_file": token_file_version(path),
+                            **{field: header[field] for field in LAYOUT_FIELDS}})
+        text = json.dumps({"version": INDEX_VERSION, "files": entries})
+        if token_file.folder_is_writable(self.path.parent):
+            files.write_atomically(str(self.path), lambda out: out.write(text.encode()))
+
+
+def token_file_version(path: Path) -> Optional[list[int]]:
+    """A token file's size and time: another version of it (made again) has others."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return [stat.st_size, stat.st_mtime_ns]

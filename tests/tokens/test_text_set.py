@@ -236,6 +236,37 @@ def test_a_changed_file_is_prepared_again_alone(tmp_path, tokenizer):
     assert open_corpus(data).num_chars == sum(len(encode(tokenizer, f.read_text())) for f in files)
 
 
+def test_a_current_set_starts_from_its_index_reading_no_header(tmp_path, tokenizer, monkeypatch):
+    """Once prepared, a set's start-up (prepare, then open) reads no token file's header; a changed
+    text is checked file by file and the index written again; a damaged index is ignored."""
+    from mingpt.tokens import shards
+
+    texts_folder(tmp_path / "set")
+    data = config(tmp_path / "set", tokenizer)
+    prepare_corpus(data)
+    expected = all_ids(open_corpus(data))
+    index, = (tmp_path / "set").glob("set-*.index.json")
+    read = []
+    for module in (token_file, shards):
+        monkeypatch.setattr(module, "read_header", lambda path, real=token_file.read_header:
+                            read.append(path) or real(path))
+
+    def start_up() -> np.ndarray:
+        prepare_corpus(data)
+        return all_ids(open_corpus(data))
+
+    assert np.array_equal(start_up(), expected) and read == []
+    (tmp_path / "set" / "part_001.txt").write_text(make_text(900, seed=7))
+    changed = start_up()
+    assert read and not np.array_equal(changed, expected)
+    read.clear()
+    assert np.array_equal(start_up(), changed) and read == []
+    index.write_text('{"files": [{"torn')
+    assert np.array_equal(start_up(), changed) and read
+    read.clear()
+    assert np.array_equal(start_up(), changed) and read == []
+
+
 def test_prepare_data_prepares_a_set_with_two_processes(tmp_path, tokenizer, capfd):
     """The command (in this process, one more forked): a line for each file made, each file once."""
     texts_folder(tmp_path / "set", count=4)
