@@ -81,6 +81,28 @@ def write_llmc_shard(path: Path, ids, magic: int = LLMC_MAGIC, version: int = 1,
     return path
 
 
+def llmc_shards_of(text_file: Path, folder: Path, tokenizer_json: Path, shards: int, ids_per_shard: int,
+                   val_ids: int = 0) -> str:
+    """The text's ids under a byte-level BPE of 300 tokens (saved as tokenizer_json), repeated to fill
+    `shards` llm.c shards (train_0.bin, ...) and, with val_ids, a val.bin of the last ones; the glob
+    of the training shards."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    from mingpt.tokens.tokenizer import train_bpe
+
+    text = text_file.read_text()
+    train_bpe(iter([text]), vocab_size=300).save(str(tokenizer_json))
+    ids = np.resize(Tokenizer.from_file(str(tokenizer_json)).encode(text).ids, shards * ids_per_shard)
+    folder.mkdir(parents=True)
+    for index in range(shards):
+        first = index * ids_per_shard
+        write_llmc_shard(folder / f"train_{index}.bin", ids[first:first + ids_per_shard])
+    if val_ids:
+        write_llmc_shard(folder / "val.bin", ids[-val_ids:])
+    return str(folder / "train_*.bin")
+
+
 def write_nanogpt_shard(path: Path, ids) -> Path:
     """A nanoGPT prepare.py file: the uint16 ids, little-endian, nothing else."""
     ids = [int(i) for i in ids]

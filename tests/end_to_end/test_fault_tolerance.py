@@ -22,6 +22,7 @@ from helpers import (
     assert_ok,
     check_two_rank_run,
     final_state,
+    llmc_shards_of,
     run,
     run_main_in_process,
     run_with_restarts,
@@ -250,29 +251,10 @@ def test_a_stop_signal_stops_every_rank_at_one_step_with_data_workers_and_resume
     assert_same_state(final_state(snapshot), unbroken)
 
 
-def shards_of(text_file, folder, tokenizer_json) -> str:
-    """The text's ids under a small BPE, as 3 llm.c shards of 20,000 ids (repeated to fill them) and a
-    validation shard of 2,000; the glob of the 3."""
-    import numpy as np
-    from helpers import write_llmc_shard
-    from tokenizers import Tokenizer
-
-    from mingpt.tokens.tokenizer import train_bpe
-
-    text = text_file.read_text()
-    train_bpe(iter([text]), vocab_size=300).save(str(tokenizer_json))
-    ids = np.array(Tokenizer.from_file(str(tokenizer_json)).encode(text).ids)
-    ids = np.resize(ids, 3 * 20_000)
-    folder.mkdir()
-    for index in range(3):
-        write_llmc_shard(folder / f"train_{index}.bin", ids[index * 20_000:(index + 1) * 20_000])
-    write_llmc_shard(folder / "val.bin", ids[-2000:])
-    return str(folder / "train_*.bin")
-
-
 def test_a_mid_shard_snapshot_resumed_at_another_world_size_continues_the_sample_order(
         text_file, tmp_path, capsys, monkeypatch, one_torch_thread):
-    """2 ranks stop mid-epoch, in the second of 3 llm.c shards read one at a time (a step budget); 1
+    """2 ranks stop mid-epoch, in the second of 3 llm.c shards read one at a time (a step budget; the
+    shards hold 60,000 ids, and a validation shard of its own gives consecutive windows); 1
     rank (main.run() in this process) finishes the epoch: each sample once, and from the resumed
     sample on in exactly the order a run of 1 rank takes them."""
     from workers.fault_injection import record_samples
@@ -283,7 +265,8 @@ def test_a_mid_shard_snapshot_resumed_at_another_world_size_continues_the_sample
 
     snapshot, record = tmp_path / "snap.pt", tmp_path / "samples"
     record.mkdir()
-    shards = shards_of(text_file, tmp_path / "shards", tmp_path / "tokenizer.json")
+    shards = llmc_shards_of(text_file, tmp_path / "shards", tmp_path / "tokenizer.json", shards=3,
+                            ids_per_shard=20_000, val_ids=2000)
     data = DataConfig(path=shards, val_path=str(tmp_path / "shards" / "val.bin"), block_size=16,
                       tokenizer=str(tmp_path / "tokenizer.json"), shards_at_once=1)
     overrides = tiny_overrides(shards, snapshot, data_config__tokenizer=data.tokenizer,

@@ -10,7 +10,7 @@ import sys
 import fsspec
 import pytest
 import torch
-from helpers import assert_ok, one_error_line, run_main, run_main_in_process, tiny_overrides
+from helpers import assert_ok, llmc_shards_of, one_error_line, run_main, run_main_in_process, tiny_overrides
 
 from mingpt.common import files
 from mingpt.reporting.metrics import local_copy_of, read_metrics
@@ -68,15 +68,24 @@ def test_one_process_saves_to_and_resumes_from_s3(text_file, s3, s3_fs, capsys, 
     assert steps == list(range(1, 2 * 169 + 1))  # the resumed run's lines follow the first run's
 
 
-def test_two_processes_keep_the_newest_step_snapshots_in_an_s3_folder(text_file, s3, s3_fs, capsys,
-                                                                      one_torch_thread):
+def test_two_processes_keep_the_newest_step_snapshots_in_an_s3_folder(text_file, s3, s3_fs, capsys, tmp_path,
+                                                                      one_torch_thread, monkeypatch):
     """Two real processes write the folder; a one-process run (main.run() here) resumes from it and
-    prunes what the first run left."""
+    prunes what the first run left. They train on llm.c shards in the same bucket (the text's 6,000
+    ids, as many as its characters), which the two processes fetch into the machine's one cache."""
+    llmc_shards_of(text_file, tmp_path / "shards", tmp_path / "tokenizer.json", shards=3, ids_per_shard=2000)
+    s3_fs.put(f"{tmp_path / 'shards'}/", f"{s3.bucket}/shards/", recursive=True)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MINGPT_CACHE_DIR", str(cache))
     folder = f"s3://{s3.bucket}/folder/"
-    overrides = tiny_overrides(text_file, folder, trainer_config__save_every_steps=20,
-                               trainer_config__keep_last=2)
-    first = run_main(overrides, nproc=2, env=s3.env())
+    overrides = tiny_overrides(f"s3://{s3.bucket}/shards/", folder, trainer_config__save_every_steps=20,
+                               trainer_config__keep_last=2,
+                               data_config__tokenizer=tmp_path / "tokenizer.json")
+    first = run_main(overrides, nproc=2, env={**s3.env(), "MINGPT_CACHE_DIR": str(cache)})
     assert_ok(first)
+    assert "Data: 3 llm.c shards" in first.stdout, first.stdout
+    copies = sorted(path.stat().st_size for path in (cache / "shards").glob("*.bin"))
+    assert copies == [1024 + 2 * 2000] * 3, copies  # each shard once, whole, nothing half-written
     # 85 steps: snapshots at steps 20, 40, 60, 80 and 85 (the epoch); the newest two are kept.
     assert folder_names(s3_fs, f"{s3.bucket}/folder") == ["metrics.jsonl", "snapshot_000000080.pt",
                                                           "snapshot_000000085.pt"]
