@@ -25,6 +25,7 @@ from mingpt.tokens.permutation import Blocks, Permutation
 from mingpt.tokens.shard_cache import FOLDER as SHARD_CACHE_FOLDER
 from mingpt.tokens.shard_cache import ShardCache
 from mingpt.tokens.shards import AUTO, FORMATS, ShardStream, names_shards, open_shards
+from mingpt.tokens.text_ranges import is_ranged, open_ranges, prepare_ranges
 from mingpt.tokens.text_set import DEFAULT_TEXT_FIELD, TextSet, open_set, prepare_set, set_files
 from mingpt.tokens.token_file import TokenFile, encode_text, open_token_file, prepare, token_file_for
 from mingpt.tokens.tokenizer import (
@@ -349,6 +350,9 @@ def open_corpus(config: DataConfig, validation: bool = False) -> CharDataset:
         stream = open_shards(path, config.format, len(vocabulary), key, remote_cache(config, path, key))
         check_cache_holds(stream, config.reading_shards_at_once, whole=validation)
         dataset = CharDataset.from_ids(stream, vocabulary, config.block_size, truncate)
+    elif is_ranged(path, text_tokenizer(config, key)):
+        stream, tokenizer_json = open_ranges(path, config.cache_dir, text_tokenizer(config, key), key)
+        dataset = CharDataset.from_ids(stream, vocabulary_of(tokenizer_json), config.block_size, truncate)
     else:
         dataset = CharDataset.from_token_file(open_text(path, config, key), config.block_size, truncate)
     if len(dataset) == 0:
@@ -434,7 +438,8 @@ def prepare_corpus(config: DataConfig, local_main: bool = True) -> None:
     A single text: call it on one process per machine (local_main) and make the others wait: the
     token file is shared by every process of the machine through the page cache. A set of texts:
     call it on every process of the machine (local_main or not), which share its files' preparation
-    (text_set.prepare_set), then make them wait for each other.
+    (text_set.prepare_set), then make them wait for each other; so for a text large enough to be
+    prepared in ranges (text_ranges.py), whose ranges they share.
     """
     corpora = [(key, path) for key, path in ((PATH_KEY, config.path), (VAL_PATH_KEY, config.val_path))
                if path is not None]
@@ -445,8 +450,10 @@ def prepare_corpus(config: DataConfig, local_main: bool = True) -> None:
     for text_set in sets.values():
         if text_set is not None and text_set.choice.is_char:
             text_set.tokenizer(make=False)  # characters for several texts are refused here
-    if local_main:
-        for (_, path), choice in zip(texts, choices):
+    for (_, path), choice in zip(texts, choices):
+        if is_ranged(path, choice):  # a large text: in ranges, by every process of the machine
+            prepare_ranges(path, config.cache_dir, choice)
+        elif local_main:
             prepare(path, config.cache_dir, choice)
     for text_set in sets.values():
         if text_set is not None:

@@ -11,20 +11,23 @@ Pre-tokenized shards (llm.c's, nanoGPT's: a .bin file, a folder or a glob) need 
 their headers and says so (and their ids, when a small set is given its --tokenizer tokenizer.json).
 A set of texts (a folder or glob of .txt, .jsonl and .parquet files: tokens/text_set.py) is prepared
 file by file by --processes processes of this machine, each file once, a line for each file made; a
-training job's processes share the work the same way, so this only does it ahead of the job.
+training job's processes share the work the same way, so this only does it ahead of the job. So is a
+text larger than 256 MB under a BPE, range by range (tokens/text_ranges.py).
 """
+import functools
 import multiprocessing
 import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from mingpt.common.errors import OneLineArgumentParser, command
 from mingpt.common.files import CACHE_DIR_ENV
 from mingpt.tokens.shards import AUTO, FORMATS, names_shards, open_shards
-from mingpt.tokens.text_set import DEFAULT_TEXT_FIELD, TextSet, prepare_set, set_files
+from mingpt.tokens.text_ranges import is_ranged, prepare_ranges
+from mingpt.tokens.text_set import DEFAULT_TEXT_FIELD, Report, TextSet, prepare_set, set_files
 from mingpt.tokens.token_file import fingerprint, open_token_file, prepare, read_header
 from mingpt.tokens.tokenizer import CHAR, DEFAULT_SAMPLE_MB, DEFAULT_VOCAB_SIZE, TokenizerChoice, Vocabulary
 
@@ -55,8 +58,9 @@ def say_line(line: str) -> None:
     os.write(out, f"{line}\n".encode())
 
 
-def prepare_share(text_set: TextSet) -> int:
-    """This process's share of a set's preparation: a line for each file it makes; how many it made."""
+def prepare_share(prepare_telling: Callable[[Report], object]) -> int:
+    """This process's share of a preparation (a set's files, a large text's ranges: prepare_telling
+    tells of each token file it is done with): a line for each one it makes; how many it made."""
     made = []
 
     def said(source: str, path: Path, now: bool) -> None:
@@ -64,21 +68,26 @@ def prepare_share(text_set: TextSet) -> int:
             made.append(path)
             say_line(f"prepared {path}: {read_header(path)['n_tokens']:,} tokens")
 
-    prepare_set(text_set, said)
+    prepare_telling(said)
     return len(made)
 
 
+def in_processes(share: Callable[[], int], processes: int) -> int:
+    """share() in this process and processes - 1 others, together; what they return, summed. The others
+    are forked: no thread has started yet (the encoders' threads start with the first file), and a
+    spawned process would spend a second of a core importing what this one has (a tenth of a 200 MB
+    set's work)."""
+    if processes == 1:
+        return share()
+    with ProcessPoolExecutor(processes - 1, mp_context=multiprocessing.get_context("fork")) as pool:
+        others = [pool.submit(share) for _ in range(processes - 1)]
+        return share() + sum(other.result() for other in others)
+
+
 def prepare_text_set(text_set: TextSet, processes: int) -> str:
-    """The set prepared by this process and processes - 1 others, together. The others are forked: no
-    thread has started yet (the encoders' threads start with the first file), and a spawned process
-    would spend a second of a core importing what this one has (a tenth of a 200 MB set's work)."""
+    """The set prepared by this process and processes - 1 others, together (in_processes)."""
     start = time.perf_counter()
-    if processes > 1:
-        with ProcessPoolExecutor(processes - 1, mp_context=multiprocessing.get_context("fork")) as pool:
-            others = [pool.submit(prepare_share, text_set) for _ in range(processes - 1)]
-            made = prepare_share(text_set) + sum(other.result() for other in others)
-    else:
-        made = prepare_share(text_set)
+    made = in_processes(functools.partial(prepare_share, functools.partial(prepare_set, text_set)), processes)
     seconds = time.perf_counter() - start
     # a BPE's header holds its tokenizer.json: 1,000 of them kept at once would be 1,000 copies
     counts = [(header["n_tokens"], header["vocab_size"]) for header in map(
@@ -111,7 +120,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                         help="a set's JSON lines field and Parquet column of the text "
                              f"(data_config.text_field; default {DEFAULT_TEXT_FIELD})")
     parser.add_argument("--processes", type=int, default=1,
-                        help="a set of texts: processes of this machine that prepare its files together "
+                        help="a set of texts, or a text over 256 MB under a BPE: processes of this machine "
+                             "that prepare its files (its ranges) together "
                              "(default 1)")
     args = parser.parse_args(argv)
     if args.processes < 1:
@@ -126,6 +136,14 @@ def main(argv: Optional[list[str]] = None) -> None:
         return
     if names_shards(args.path, args.format):
         print(check_shards(args.path, args.format, choice))
+        return
+    if is_ranged(args.path, choice):
+        start = time.perf_counter()
+        ranges = functools.partial(prepare_ranges, args.path, args.cache_dir, choice)
+        made = in_processes(functools.partial(prepare_share, ranges), args.processes)
+        mb_per_s = fingerprint(args.path)["size"] / 1e6 / (time.perf_counter() - start)
+        print(f"{args.path} in ranges: {made:,} prepared now, {mb_per_s:.1f} MB/s with {args.processes} "
+              f"process{'es' if args.processes > 1 else ''}")
         return
     start = time.perf_counter()
     path, built = prepare(args.path, args.cache_dir, choice)

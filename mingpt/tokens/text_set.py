@@ -55,7 +55,6 @@ import glob
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator, Optional, Union
@@ -399,17 +398,8 @@ def train_set_bpe(text_set: TextSet, path: Path) -> None:
         sampled = text_set.files[:SAMPLE_FILES]
         share = max(text_set.choice.sample_bytes // len(sampled), 1)
         texts = (text for source in sampled for text in sample_texts(text_set, source, share))
-        tokenizer = train_bpe(texts, text_set.choice.vocab_size, special_tokens=[END_OF_TEXT])
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as out:
-                out.write(tokenizer.to_str())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        tokenizer_json = train_bpe(texts, text_set.choice.vocab_size, special_tokens=[END_OF_TEXT]).to_str()
+        files.write_atomically(str(path), lambda out: out.write(tokenizer_json.encode()))
 
 
 def sample_texts(text_set: TextSet, source: str, sample_bytes: int) -> Iterator[str]:
@@ -444,17 +434,9 @@ def prepare_set(text_set: TextSet, report: Optional[Report] = None) -> list[Path
                 pass
     made: list[Path] = []
     try:
-        waiting = []
-        for source, reader in zip(text_set.files, readers):
-            done = token_file.prepare_if_free(source, text_set.cache_dir, tokenizer, reader)
-            if done is None:
-                waiting.append((source, reader))
-            else:
-                tell(report, source, *done, made)
-        for source, reader in waiting:
-            # made or checked by the process that held it: its header is checked, not its ids again
-            done = token_file.prepare(source, text_set.cache_dir, tokenizer, reader, checked=True)
-            tell(report, source, *done, made)
+        members = [(source, reader, "") for source, reader in zip(text_set.files, readers)]
+        token_file.prepare_in_turn(members, text_set.cache_dir, tokenizer,
+                                   lambda source, path, now: tell(report, source, path, now, made))
         index.write()
     except DataError:
         for path in made + ([bpe_path] if bpe_path is not None and not bpe_was_there else []):

@@ -33,7 +33,7 @@ import tempfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Iterator, Optional
+from typing import BinaryIO, Callable, Iterator, Optional
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -156,13 +156,15 @@ def remote_version(info: dict) -> dict:
                                  default=str))
 
 
-def text_chunks(source: str) -> Iterator[str]:
-    """The text a chunk at a time, decoded incrementally; a DataError names the first bad byte."""
+def text_chunks(source: str, start: int = 0, end: Optional[int] = None) -> Iterator[str]:
+    """The text (bytes start..end of it) a chunk at a time, decoded incrementally; a DataError names
+    the first bad byte."""
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
-    consumed = 0  # bytes handed to the decoder before this chunk
+    consumed = start  # bytes handed to the decoder before this chunk
     with source_errors(source), files.open_file(source, "rb") as f:
+        f.seek(start)
         while True:
-            raw = f.read(CHUNK_BYTES)
+            raw = f.read(CHUNK_BYTES if end is None else min(CHUNK_BYTES, end - consumed))
             pending = len(decoder.getstate()[0])  # an incomplete character held back last time
             try:
                 text = decoder.decode(raw, final=not raw)
@@ -198,6 +200,19 @@ class PlainText:
 
 
 PLAIN = PlainText()
+
+
+class TextRange(PlainText):
+    """Bytes start..end of a text, read as a text of its own (tokens/text_ranges.py cuts them)."""
+
+    def __init__(self, start: int, end: int):
+        self.start, self.end = start, end
+
+    def settings(self) -> dict:
+        return {"kind": "range", "start": self.start, "end": self.end}
+
+    def texts(self, source: str) -> Iterator[str]:
+        return text_chunks(source, self.start, self.end)
 
 
 def count_codepoints(source: str, reader: PlainText = PLAIN) -> np.ndarray:
@@ -452,12 +467,12 @@ def folder_is_writable(folder: Path) -> bool:
     return os.access(folder, os.W_OK)
 
 
-def token_file_for(source: str, cache_dir: Optional[str] = None, choice: TokenizerChoice = TokenizerChoice()
-                   ) -> Path:
-    """Where the token file of source lives: beside a local source when its folder is writable,
-    else in the cache folder under a name unique to the source; `.tokens` for characters,
-    `.bpe.tokens` for a BPE."""
-    suffix = ".tokens" if choice.is_char else ".bpe.tokens"
+def token_file_for(source: str, cache_dir: Optional[str] = None, choice: TokenizerChoice = TokenizerChoice(),
+                   part: str = "") -> Path:
+    """Where the token file of source (of a part of it: `.part0001`) lives: beside a local source when
+    its folder is writable, else in the cache folder under a name unique to the source; `.tokens` for
+    characters, `.bpe.tokens` for a BPE."""
+    suffix = (f".{part}" if part else "") + (".tokens" if choice.is_char else ".bpe.tokens")
     if not files.is_remote(source):
         beside = Path(files.local_path(source) + suffix)
         if folder_is_writable(beside.parent):
@@ -471,7 +486,7 @@ def token_file_for(source: str, cache_dir: Optional[str] = None, choice: Tokeniz
 
 
 def prepare(source: str, cache_dir: Optional[str] = None, choice: TokenizerChoice = TokenizerChoice(),
-            reader: PlainText = PLAIN, checked: bool = False) -> tuple[Path, bool]:
+            reader: PlainText = PLAIN, checked: bool = False, part: str = "") -> tuple[Path, bool]:
     """The token file of source, and whether it was (re)built now.
 
     Safe to call from many processes at once: they take turns under a lock, the first builds, the
@@ -481,7 +496,7 @@ def prepare(source: str, cache_dir: Optional[str] = None, choice: TokenizerChoic
     """
     fingerprint(source)  # a missing source fails here, before a lock file is made beside it
     choice.settings()  # a bad tokenizer.json too
-    path = token_file_for(source, cache_dir, choice)
+    path = token_file_for(source, cache_dir, choice, part)
     try:
         with files.locked(path):
             return path, make_under_lock(source, path, choice, reader, checksum=not checked)
@@ -489,13 +504,13 @@ def prepare(source: str, cache_dir: Optional[str] = None, choice: TokenizerChoic
         raise cannot_write(path, e) from None
 
 
-def prepare_if_free(source: str, cache_dir: Optional[str], choice: TokenizerChoice, reader: PlainText = PLAIN
-                    ) -> Optional[tuple[Path, bool]]:
+def prepare_if_free(source: str, cache_dir: Optional[str], choice: TokenizerChoice, reader: PlainText = PLAIN,
+                    part: str = "") -> Optional[tuple[Path, bool]]:
     """prepare(), unless another process is preparing source now: then None at once (the preparers
     of a set of texts move on to its next file, and come back to this one at the end)."""
     fingerprint(source)
     choice.settings()
-    path = token_file_for(source, cache_dir, choice)
+    path = token_file_for(source, cache_dir, choice, part)
     try:
         with files.try_locked(path) as held:
             return (path, make_under_lock(source, path, choice, reader)) if held else None
@@ -512,6 +527,27 @@ def make_under_lock(source: str, path: Path, choice: TokenizerChoice, reader: Pl
     remove_leftovers(path)
     build(source, path, source_fingerprint, choice, reader)
     return True
+
+
+Member = tuple[str, PlainText, str]
+"""A token file to make: its source, how the source is read, and which part of it (or "")."""
+
+
+def prepare_in_turn(members: list[Member], cache_dir: Optional[str], choice: TokenizerChoice,
+                    done: Callable[[str, Path, bool], None]) -> None:
+    """Each member's token file, shared with the machine's other processes: take every one whose lock
+    is free, skipping those another process holds; then wait for those, made by then (their headers
+    are checked, not their ids, which the process that held them has just made or checked). done
+    is told of each: its source, its token file, and whether this process made it now."""
+    waiting = []
+    for source, reader, part in members:
+        made = prepare_if_free(source, cache_dir, choice, reader, part)
+        if made is None:
+            waiting.append((source, reader, part))
+        else:
+            done(source, *made)
+    for source, reader, part in waiting:
+        done(source, *prepare(source, cache_dir, choice, reader, checked=True, part=part))
 
 
 def cannot_write(path: Path, e: OSError) -> DataError:
