@@ -2,6 +2,7 @@
 
     python bench/bench_text_set.py                              # 100 files, 200 MB in all
     python bench/bench_text_set.py --files 1000 --mb 2000       # the issue's 1,000 files, 2 GB
+    python bench/bench_text_set.py --one-text --mb 600 --repeats 1   # one text, prepared in ranges
 
 The benchmark writes its own folder of texts (bench_data.py's seeded word salad, no network), trains a BPE of
 --vocab tokens on a sample of it once (a tokenizer.json, outside the timings), then for each process
@@ -17,7 +18,9 @@ scratch (every token file removed first), --repeats times, and reports:
 - what a rank's start-up then spends on the prepared set (prepare_corpus, every file current, then
   open_corpus), without the set's index (each token file's header read and its ids checksummed) and
   with it (text_set.SetIndex), the page cache warm in both.
-Results are written to bench/results/text_set.json (--json). The machine is named in the results: on
+With --one-text, the same for a single text of --mb MB, which is prepared in ranges of 256 MB
+(tokens/text_ranges.py) shared by the processes. Results are written to bench/results/text_set.json
+(--json; text_ranges.json with --one-text). The machine is named in the results: on
 a 2-core machine shared with other work the speed-up is bounded by what the other work leaves.
 """
 import argparse
@@ -64,6 +67,18 @@ def write_folder(folder: Path, files: int, total_mb: float) -> int:
     return size
 
 
+def write_one_text(folder: Path, total_mb: float) -> int:
+    """One text of about total_mb MB, of the same word salad; kept if already there. Its bytes."""
+    path = folder / "corpus.txt"
+    if not path.exists() or abs(path.stat().st_size - total_mb * 1e6) > total_mb * 1e5:
+        parts = folder / "parts"
+        write_folder(parts, max(int(total_mb // 20), 1), total_mb)
+        with open(path, "wb") as out:
+            for part in sorted(parts.glob("*.txt")):
+                out.write(part.read_bytes())
+    return path.stat().st_size
+
+
 def clean(folder: Path) -> None:
     for made in [*folder.glob("*.tokens*"), *folder.glob("set-*.index.json")]:
         made.unlink()
@@ -81,7 +96,7 @@ def start_up(folder: Path, tokenizer: Path) -> dict:
         open_corpus(config)
         return time.perf_counter() - start
 
-    for index in folder.glob("set-*.index.json"):
+    for index in (folder if folder.is_dir() else folder.parent).glob("set-*.index.json"):
         index.unlink()
     without = timed()
     with_index = statistics.median(timed() for _ in range(3))
@@ -135,16 +150,25 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", default="/tmp/mingpt-bench-text-set")
-    parser.add_argument("--json", default=str(RESULTS / "text_set.json"))
+    parser.add_argument("--one-text", action="store_true", help="one text of --mb MB, in ranges")
+    parser.add_argument("--json", default=None)
     args = parser.parse_args()
     workdir = Path(args.workdir)
-    folder = workdir / f"set_{args.files}x{args.mb:g}mb"
-    size = write_folder(folder, args.files, args.mb)
+    if args.one_text:
+        folder = workdir / f"text_{args.mb:g}mb"
+        folder.mkdir(parents=True, exist_ok=True)
+        size = write_one_text(folder, args.mb)
+        corpus, made_pattern = folder / "corpus.txt", r"^prepared .*/(corpus\.txt\.part\d+)\.bpe\.tokens"
+        args.files = None
+    else:
+        folder = workdir / f"set_{args.files}x{args.mb:g}mb"
+        size = write_folder(folder, args.files, args.mb)
+        corpus, made_pattern = folder, r"^prepared .*/(part_\d+\.txt)\.bpe\.tokens"
     tokenizer = workdir / f"tokenizer_{args.vocab}.json"
     if not tokenizer.exists():
-        sample = (folder / "part_00000.txt").read_text()[:8_000_000]
+        sample = next(folder.rglob("part_00000.txt")).read_text()[:8_000_000]
         train_bpe(iter([sample]), args.vocab, special_tokens=[END_OF_TEXT]).save(str(tokenizer))
-    command = [sys.executable, str(REPO / "mingpt" / "prepare_data.py"), str(folder),
+    command = [sys.executable, str(REPO / "mingpt" / "prepare_data.py"), str(corpus),
                "--tokenizer", str(tokenizer)]
     cpu = platform.processor() or platform.machine()
     report = {"machine": f"{platform.node()}: {os.cpu_count()} CPUs, {cpu}", "files": args.files,
@@ -154,15 +178,18 @@ def main() -> None:
         for _ in range(args.repeats):
             clean(folder)
             run = run_measured([*command, "--processes", str(processes)])
-            made = re.findall(r"^prepared .*/(part_\d+\.txt)\.bpe\.tokens", run["out"], re.M)
-            expected = sorted(f.name for f in folder.glob("*.txt"))
+            made = re.findall(made_pattern, run["out"], re.M)
+            expected = sorted(f.name.removesuffix(".bpe.tokens")
+                              for f in folder.glob("*.bpe.tokens")) if args.one_text else \
+                sorted(f.name for f in folder.glob("*.txt"))
             assert sorted(made) == expected, f"{processes} process(es): a file made twice or not at all"
             runs.append(run)
             print(f"{processes} process(es): {run['seconds']:.1f} s, {size / 1e6 / run['seconds']:.1f} MB/s, "
                   f"{run['cpu_s']:.1f} CPU s ({run['cpu_s'] / run['seconds']:.2f} cores busy; load before "
                   f"{run['load_before']:.2f}), peak RSS per process {run['peak_rss_mb']} MB", flush=True)
         again = run_measured([*command, "--processes", str(processes)])
-        assert f"{args.files:,} files: 0 prepared now" in again["out"], again["out"]
+        assert (" in ranges: 0 prepared now" if args.one_text else f"{args.files:,} files: 0 prepared now") \
+            in again["out"], again["out"]
         seconds = statistics.median(run["seconds"] for run in runs)
         report["runs"][processes] = {
             "seconds": [round(run["seconds"], 2) for run in runs], "median_s": round(seconds, 2),
@@ -173,15 +200,16 @@ def main() -> None:
             "peak_rss_mb_per_process": max((run["peak_rss_mb"] for run in runs), key=max),
             "second_run_s": round(again["seconds"], 2),
         }
-    report["start_up"] = start_up(folder, tokenizer)
+    report["start_up"] = start_up(corpus, tokenizer)
     speedup = report["runs"][1]["median_s"] / report["runs"][2]["median_s"]
     peak = max(max(run["peak_rss_mb_per_process"]) for run in report["runs"].values())
     report["speedup_2_over_1"] = round(speedup, 2)
     report["targets"] = {"speedup_at_least_1.8": speedup >= 1.8, "peak_rss_under_1gb": peak < 1000}
     print(f"speed-up of 2 processes over 1: {speedup:.2f}x (target 1.8x); largest peak RSS {peak:.0f} MB "
           "(target under 1,000 MB)")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    report_path = Path(args.json or RESULTS / ("text_ranges.json" if args.one_text else "text_set.json"))
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":
