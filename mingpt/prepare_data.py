@@ -89,14 +89,16 @@ def prepare_text_set(text_set: TextSet, processes: int) -> str:
     start = time.perf_counter()
     made = in_processes(functools.partial(prepare_share, functools.partial(prepare_set, text_set)), processes)
     seconds = time.perf_counter() - start
-    # a BPE's header holds its tokenizer.json: 1,000 of them kept at once would be 1,000 copies
-    counts = [(header["n_tokens"], header["vocab_size"]) for header in map(
-        read_header, text_set.token_files(text_set.tokenizer(make=False)))]
+    tokenizer = text_set.tokenizer(make=False)
+    paths = text_set.token_files(tokenizer)
+    # from the set's index, just written: a BPE's header holds the whole tokenizer.json
+    layouts = text_set.index(tokenizer).layouts() or [read_header(path) for path in paths]
     size = sum(fingerprint(source)["size"] for source in text_set.files)
     count = len(text_set.files)
     workers = f"{processes} process{'es' if processes > 1 else ''}"
     return (f"{count:,} file{'s' if count != 1 else ''}: {made:,} prepared now, {count - made:,} up to date; "
-            f"{sum(n for n, _ in counts):,} tokens, vocabulary of {counts[0][1]:,}, "
+            f"{sum(layout['n_tokens'] for layout in layouts):,} tokens, vocabulary of "
+            f"{read_header(paths[0])['vocab_size']:,}, "
             f"{size / 1e6 / max(seconds, 1e-9):.1f} MB/s with {workers}")
 
 
