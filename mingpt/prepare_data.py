@@ -10,23 +10,26 @@ once on a shared disk before a Slurm job. Give it the data_config settings train
 Pre-tokenized shards (llm.c's, nanoGPT's: a .bin file, a folder or a glob) need nothing: it checks
 their headers and says so (and their ids, when a small set is given its --tokenizer tokenizer.json).
 A set of texts (a folder or glob of .txt, .jsonl and .parquet files: tokens/text_set.py) is prepared
-file by file by --processes processes of this machine, each file once, a line for each file made; a
-training job's processes share the work the same way, so this only does it ahead of the job. So is a
-text larger than 256 MB under a BPE, range by range (tokens/text_ranges.py).
+file by file by --processes processes of this machine, each file once (a progress bar on a terminal,
+else a line for each file made); a training job's processes share the work the same way, so this only
+does it ahead of the job. So is a text larger than 256 MB under a BPE, range by range
+(tokens/text_ranges.py).
 """
+import contextlib
 import functools
 import multiprocessing
 import os
 import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 from mingpt.common.errors import OneLineArgumentParser, command
 from mingpt.common.files import CACHE_DIR_ENV
 from mingpt.tokens.shards import AUTO, FORMATS, names_shards, open_shards
-from mingpt.tokens.text_ranges import is_ranged, prepare_ranges
+from mingpt.tokens.text_ranges import is_ranged, prepare_ranges, range_paths
 from mingpt.tokens.text_set import DEFAULT_TEXT_FIELD, Report, TextSet, prepare_set, set_files
 from mingpt.tokens.token_file import fingerprint, open_token_file, prepare, read_header
 from mingpt.tokens.tokenizer import CHAR, DEFAULT_SAMPLE_MB, DEFAULT_VOCAB_SIZE, TokenizerChoice, Vocabulary
@@ -58,36 +61,89 @@ def say_line(line: str) -> None:
     os.write(out, f"{line}\n".encode())
 
 
-def prepare_share(prepare_telling: Callable[[Report], object]) -> int:
+_done = None
+"""Which of a preparation's token files are done, by any of the command's processes: a flag each (a
+multiprocessing Array, inherited by the forked ones), at its position in _position: a progress bar's
+count."""
+_position: dict[str, int] = {}
+
+
+def prepare_share(prepare_telling: Callable[[Report], object], quiet: bool) -> int:
     """This process's share of a preparation (a set's files, a large text's ranges: prepare_telling
-    tells of each token file it is done with): a line for each one it makes; how many it made."""
+    tells of each token file it is done with), flagged in _done; a line for each one it makes, unless
+    quiet (a progress bar shows them); how many it made."""
     made = []
 
     def said(source: str, path: Path, now: bool) -> None:
+        _done[_position[str(path)]] = 1
         if now:
             made.append(path)
-            say_line(f"prepared {path}: {read_header(path)['n_tokens']:,} tokens")
+            if not quiet:
+                say_line(f"prepared {path}: {read_header(path)['n_tokens']:,} tokens")
 
     prepare_telling(said)
     return len(made)
 
 
-def in_processes(share: Callable[[], int], processes: int) -> int:
-    """share() in this process and processes - 1 others, together; what they return, summed. The others
-    are forked: no thread has started yet (the encoders' threads start with the first file), and a
-    spawned process would spend a second of a core importing what this one has (a tenth of a 200 MB
-    set's work)."""
+def in_processes(prepare_telling: Callable[[Report], object], processes: int, paths: list[Path],
+                 unit: str) -> int:
+    """prepare_share in this process and processes - 1 others, together, for these token files; how
+    many they made. The others are forked: no thread has started yet (the encoders' threads start
+    with the first file, the progress bar's once they are forked), and a spawned process would spend
+    a second of a core importing what this one has (a tenth of a 200 MB set's work). On a terminal, a
+    progress bar of the token files done (stderr) stands for the lines of the files made."""
+    global _done, _position
+    context = multiprocessing.get_context("fork")
+    _done = context.Array("b", len(paths), lock=False)  # each flag set by one process or several alike
+    _position = {str(path): index for index, path in enumerate(paths)}
+    bar = sys.stderr.isatty()
+    share = functools.partial(prepare_share, prepare_telling, bar)
+    shown = functools.partial(progress_bar, len(paths), unit) if bar else contextlib.nullcontext
     if processes == 1:
-        return share()
-    with ProcessPoolExecutor(processes - 1, mp_context=multiprocessing.get_context("fork")) as pool:
+        with shown():
+            return share()
+    with ProcessPoolExecutor(processes - 1, mp_context=context) as pool:
         others = [pool.submit(share) for _ in range(processes - 1)]
-        return share() + sum(other.result() for other in others)
+        with shown():
+            return share() + sum(other.result() for other in others)
+
+
+@contextlib.contextmanager
+def progress_bar(total: int, unit: str) -> Iterator[None]:
+    """`412/1,000 files [############..................] 41%`, redrawn on stderr four times a second
+    from _done while the block runs, and once more at its end."""
+    finished = threading.Event()
+
+    def draw() -> None:
+        done = sum(_done)
+        filled = done * BAR_WIDTH // max(total, 1)
+        sys.stderr.write(f"\r{done:,}/{total:,} {unit} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] "
+                         f"{100 * done // max(total, 1)}%")
+        sys.stderr.flush()
+
+    def redraw() -> None:
+        while not finished.wait(0.25):
+            draw()
+
+    drawer = threading.Thread(target=redraw, daemon=True)
+    drawer.start()
+    try:
+        yield
+    finally:
+        finished.set()
+        drawer.join()
+        draw()
+        sys.stderr.write("\n")
+
+
+BAR_WIDTH = 30
 
 
 def prepare_text_set(text_set: TextSet, processes: int) -> str:
     """The set prepared by this process and processes - 1 others, together (in_processes)."""
     start = time.perf_counter()
-    made = in_processes(functools.partial(prepare_share, functools.partial(prepare_set, text_set)), processes)
+    paths = text_set.token_files(text_set.tokenizer(make=True))  # a set's BPE trained first, here
+    made = in_processes(functools.partial(prepare_set, text_set), processes, paths, "files")
     seconds = time.perf_counter() - start
     tokenizer = text_set.tokenizer(make=False)
     paths = text_set.token_files(tokenizer)
@@ -142,7 +198,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     if is_ranged(args.path, choice):
         start = time.perf_counter()
         ranges = functools.partial(prepare_ranges, args.path, args.cache_dir, choice)
-        made = in_processes(functools.partial(prepare_share, ranges), args.processes)
+        made = in_processes(ranges, args.processes, range_paths(args.path, args.cache_dir, choice), "ranges")
         mb_per_s = fingerprint(args.path)["size"] / 1e6 / (time.perf_counter() - start)
         print(f"{args.path} in ranges: {made:,} prepared now, {mb_per_s:.1f} MB/s with {args.processes} "
               f"process{'es' if args.processes > 1 else ''}")

@@ -49,3 +49,38 @@ def test_shards_need_nothing_but_their_headers_are_checked(tmp_path, capsys):
     assert refused.value.code == 1 and error.count("\n") == 1
     bad = tmp_path / "fineweb_train_000002.bin"
     assert error.startswith(f"error: data_config.path: {bad} is of version 2 ")
+
+
+def test_on_a_terminal_a_set_is_shown_as_one_progress_bar(tmp_path):
+    """A terminal (a pseudo-terminal here) gets one bar counting the files of both processes to the
+    total, in place of a line per file made; the summary line stays."""
+    import os
+    import pty
+
+    from mingpt.tokens.tokenizer import train_bpe
+
+    folder = tmp_path / "set"
+    folder.mkdir()
+    for index in range(6):
+        (folder / f"part_{index}.txt").write_text(make_text(800, seed=index))
+    tokenizer = tmp_path / "tokenizer.json"
+    train_bpe(iter([make_text(3000)]), vocab_size=300).save(str(tokenizer))
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: the command, its stdout and stderr the terminal
+        os.execv(sys.executable, [sys.executable, str(MINGPT / "prepare_data.py"), str(folder),
+                                  "--tokenizer", str(tokenizer), "--processes", "2"])
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(terminal, 4096)
+        except OSError:  # the child has ended: the terminal is closed
+            break
+        if not chunk:
+            break
+        shown += chunk
+    _, status = os.waitpid(pid, 0)
+    text = shown.decode()
+    assert os.waitstatus_to_exitcode(status) == 0, text
+    assert "\r6/6 files [" + "#" * 30 + "] 100%" in text, text
+    assert "prepared " + str(folder) not in text  # no line per file
+    assert re.search(r"6 files: 6 prepared now, 0 up to date; [\d,]+ tokens", text), text
