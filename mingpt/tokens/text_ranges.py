@@ -17,9 +17,10 @@ less keeps its one token file too.
 import hashlib
 import json
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 from mingpt.common import files
+from mingpt.common.errors import DataError
 from mingpt.tokens import token_file
 from mingpt.tokens.bpe_encoder import line_cut, uses_gpt2_words, word_cut
 from mingpt.tokens.shards import ShardStream, open_token_files
@@ -36,7 +37,8 @@ def is_ranged(source: str, choice: TokenizerChoice) -> bool:
     return not choice.is_char and (token_file.fingerprint(source).get("size") or 0) > RANGE_BYTES
 
 
-def range_tokenizer(source: str, cache_dir, choice: TokenizerChoice, make: bool) -> TokenizerChoice:
+def range_tokenizer(source: str, cache_dir: Optional[str], choice: TokenizerChoice,
+                    make: bool) -> TokenizerChoice:
     """What makes every range's ids: the tokenizer.json given, or the BPE trained on the text (now,
     under a lock, when make and missing), as the text's one token file would train it."""
     if choice.file is not None:
@@ -51,6 +53,9 @@ def range_tokenizer(source: str, cache_dir, choice: TokenizerChoice, make: bool)
                 sample = token_file.bpe_sample(source, made_from["source"]["size"], choice.sample_bytes)
                 tokenizer_json = train_bpe(sample, choice.vocab_size).to_str()
                 files.write_atomically(str(path), lambda out: out.write(tokenizer_json.encode()))
+    elif not path.exists():
+        raise DataError(f"data_config.path: {source}'s BPE {path} is missing; prepare the data again "
+                        "(python mingpt/prepare_data.py <data_config.path> --tokenizer bpe)")
     return TokenizerChoice(str(path))
 
 
@@ -75,14 +80,15 @@ def members(source: str, tokenizer: TokenizerChoice) -> list[token_file.Member]:
             for index, (start, end) in enumerate(zip(points, points[1:]))]
 
 
-def range_paths(source: str, cache_dir, choice: TokenizerChoice, make: bool = True) -> list[Path]:
+def range_paths(source: str, cache_dir: Optional[str], choice: TokenizerChoice,
+                make: bool = True) -> list[Path]:
     """The ranges' token files (the text's BPE trained now, when make and need be)."""
     tokenizer = range_tokenizer(source, cache_dir, choice, make)
     return [token_file.token_file_for(source, cache_dir, tokenizer, part)
             for _, _, part in members(source, tokenizer)]
 
 
-def prepare_ranges(source: str, cache_dir, choice: TokenizerChoice,
+def prepare_ranges(source: str, cache_dir: Optional[str], choice: TokenizerChoice,
                    done: Callable[[str, Path, bool], None] = lambda *_: None) -> list[Path]:
     """Every range's token file, made by this process or another of the machine; their paths. done:
     as for token_file.prepare_in_turn."""
@@ -91,7 +97,8 @@ def prepare_ranges(source: str, cache_dir, choice: TokenizerChoice,
     return range_paths(source, cache_dir, choice, make=False)
 
 
-def open_ranges(source: str, cache_dir, choice: TokenizerChoice, key: str) -> tuple[ShardStream, str]:
+def open_ranges(source: str, cache_dir: Optional[str], choice: TokenizerChoice,
+                key: str) -> tuple[ShardStream, str]:
     """The prepared ranges as one stream, and the tokenizer.json they share."""
     tokenizer = range_tokenizer(source, cache_dir, choice, make=False)
     return open_token_files(range_paths(source, cache_dir, choice, make=False), key, tokenizer.settings()), \

@@ -9,6 +9,7 @@ from helpers import make_text
 
 from mingpt import prepare_data
 from mingpt.char_dataset import DataConfig, open_corpus, prepare_corpus, split_dataset
+from mingpt.common.errors import DataError
 from mingpt.tokens import text_ranges
 from mingpt.tokens.tokenizer import train_bpe
 
@@ -50,6 +51,11 @@ def test_a_text_in_ranges_has_the_ids_of_its_one_token_file(large_text, tmp_path
     train, test = split_dataset(dataset, in_ranges, seed=0)
     expected_train, _ = split_dataset(expected, one_file, seed=0)
     assert np.array_equal(train[np.arange(50)].numpy(), expected_train[np.arange(50)].numpy())
+    if tokenizer == "bpe":  # trained once, beside the ranges; gone, it is one line
+        trained, = ranged.parent.glob("corpus.txt.bpe-*.tokenizer.json")
+        trained.unlink()
+        with pytest.raises(DataError, match=r"^data_config.path: \S+corpus.txt's BPE \S+ is missing"):
+            open_corpus(in_ranges)
 
 
 def test_prepare_data_prepares_the_ranges_with_two_processes(large_text, tmp_path, monkeypatch, capfd):
