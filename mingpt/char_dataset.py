@@ -350,8 +350,8 @@ def open_corpus(config: DataConfig, validation: bool = False) -> CharDataset:
         stream = open_shards(path, config.format, len(vocabulary), key, remote_cache(config, path, key))
         check_cache_holds(stream, config.reading_shards_at_once, whole=validation)
         dataset = CharDataset.from_ids(stream, vocabulary, config.block_size, truncate)
-    elif is_ranged(path, text_tokenizer(config, key)):
-        stream, tokenizer_json = open_ranges(path, config.cache_dir, text_tokenizer(config, key), key)
+    elif is_ranged(path, choice := text_tokenizer(config, key)):
+        stream, tokenizer_json = open_ranges(path, config.cache_dir, choice, key)
         dataset = CharDataset.from_ids(stream, vocabulary_of(tokenizer_json), config.block_size, truncate)
     else:
         dataset = CharDataset.from_token_file(open_text(path, config, key), config.block_size, truncate)

@@ -291,11 +291,8 @@ def remote_shards(path: str, format: str, key: str, cache: ShardCache) -> list[S
     from their headers (1 KB each, read a few at a time) and sizes; each to be read from its copy in
     the cache."""
     folder = path.endswith("/")
-    try:
-        urls = files.glob(f"{path}*{SUFFIX}") if folder else files.glob(path) if "*" in path else [path]
-    except Exception as e:  # no credentials, no such bucket, an unreachable store: s3fs's own kinds
-        raise DataError(f"{key}: cannot list {path} ({short_reason(e)}); check the store and your "
-                        "credentials") from None
+    urls = remote_listing(f"{path}*{SUFFIX}" if folder else path, path, key) if folder or "*" in path \
+        else [path]
     if not urls and folder:
         raise DataError(f"{key}: the folder {path} holds no {SUFFIX} shards; point it at a folder of llm.c's "
                         "or nanoGPT's .bin files, or at a text")
@@ -313,6 +310,16 @@ def remote_shards(path: str, format: str, key: str, cache: ShardCache) -> list[S
         return replace(shard, path=cache.folder / copy_name(url, json.dumps(remote_version(info))), url=url)
 
     return open_remote_headers(urls, read_one)
+
+
+def remote_listing(pattern: str, path: str, key: str) -> list[str]:
+    """The URLs a remote glob matches (path: what the user gave, for the error), sorted, in one
+    request; a store that cannot be listed is one line."""
+    try:
+        return files.glob(pattern)
+    except Exception as e:  # no credentials, no such bucket, an unreachable store: s3fs's own kinds
+        raise DataError(f"{key}: cannot list {path} ({short_reason(e)}); check the store and your "
+                        "credentials") from None
 
 
 def shard_files(path: str, key: str) -> list[Path]:

@@ -80,12 +80,15 @@ def members(source: str, tokenizer: TokenizerChoice) -> list[token_file.Member]:
             for index, (start, end) in enumerate(zip(points, points[1:]))]
 
 
-def range_paths(source: str, cache_dir: Optional[str], choice: TokenizerChoice,
-                make: bool = True) -> list[Path]:
-    """The ranges' token files (the text's BPE trained now, when make and need be)."""
-    tokenizer = range_tokenizer(source, cache_dir, choice, make)
-    return [token_file.token_file_for(source, cache_dir, tokenizer, part)
-            for _, _, part in members(source, tokenizer)]
+def paths_of(parts: list[token_file.Member], cache_dir: Optional[str], tokenizer: TokenizerChoice
+             ) -> list[Path]:
+    return [token_file.token_file_for(source, cache_dir, tokenizer, part) for source, _, part in parts]
+
+
+def range_paths(source: str, cache_dir: Optional[str], choice: TokenizerChoice) -> list[Path]:
+    """The ranges' token files (the text's BPE trained now, if need be)."""
+    tokenizer = range_tokenizer(source, cache_dir, choice, make=True)
+    return paths_of(members(source, tokenizer), cache_dir, tokenizer)
 
 
 def prepare_ranges(source: str, cache_dir: Optional[str], choice: TokenizerChoice,
@@ -93,13 +96,14 @@ def prepare_ranges(source: str, cache_dir: Optional[str], choice: TokenizerChoic
     """Every range's token file, made by this process or another of the machine; their paths. done:
     as for token_file.prepare_in_turn."""
     tokenizer = range_tokenizer(source, cache_dir, choice, make=True)
-    token_file.prepare_in_turn(members(source, tokenizer), cache_dir, tokenizer, done)
-    return range_paths(source, cache_dir, choice, make=False)
+    parts = members(source, tokenizer)
+    token_file.prepare_in_turn(parts, cache_dir, tokenizer, done)
+    return paths_of(parts, cache_dir, tokenizer)
 
 
 def open_ranges(source: str, cache_dir: Optional[str], choice: TokenizerChoice,
                 key: str) -> tuple[ShardStream, str]:
     """The prepared ranges as one stream, and the tokenizer.json they share."""
     tokenizer = range_tokenizer(source, cache_dir, choice, make=False)
-    return open_token_files(range_paths(source, cache_dir, choice, make=False), key, tokenizer.settings()), \
-        tokenizer.file.json
+    paths = paths_of(members(source, tokenizer), cache_dir, tokenizer)
+    return open_token_files(paths, key, tokenizer.settings()), tokenizer.file.json

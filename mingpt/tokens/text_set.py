@@ -63,7 +63,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from mingpt.common import files
-from mingpt.common.errors import DataError, short_reason
+from mingpt.common.errors import DataError
 from mingpt.tokens import token_file
 from mingpt.tokens.bpe_encoder import PIECE_BYTES, Encoder, cut_pieces, encode_pieces, line_cut, word_cut
 from mingpt.tokens.shards import (
@@ -74,6 +74,7 @@ from mingpt.tokens.shards import (
     ShardStream,
     glob_matches,
     open_token_files,
+    remote_listing,
 )
 from mingpt.tokens.token_file import CHUNK_BYTES, PlainText, TokenFile, open_token_file
 from mingpt.tokens.tokenizer import BPE, END_OF_TEXT, TokenizerChoice, train_bpe
@@ -124,11 +125,7 @@ def remote_set_files(path: str, format: str, key: str) -> Optional[list[str]]:
     folder = path.endswith("/")
     if not (folder or "*" in path):
         return [path] if format == AUTO and suffix(path) in DOCUMENT_SUFFIXES else None
-    try:
-        found = files.glob(f"{path}*" if folder else path)
-    except Exception as e:  # no credentials, no such bucket, an unreachable store: s3fs's own kinds
-        raise DataError(f"{key}: cannot list {path} ({short_reason(e)}); check the store and your "
-                        "credentials") from None
+    found = remote_listing(f"{path}*" if folder else path, path, key)
     if not found and not folder:
         return None  # shards.py says that the glob matches nothing
     return texts_of(found, path, format, key, folder)
@@ -422,9 +419,9 @@ def prepare_set(text_set: TextSet, report: Optional[Report] = None) -> list[Path
     tokenizer = text_set.tokenizer(make=True)
     index = text_set.index(tokenizer)
     if index.layouts() is not None:
-        for source, path in zip(text_set.files, text_set.token_files(tokenizer)):
+        for source, path in zip(text_set.files, index.token_files):
             tell(report, source, path, False, [])
-        return text_set.token_files(tokenizer)
+        return index.token_files
     tokenizer_json = None if tokenizer.is_char else tokenizer.file.json
     readers = [text_set.reader(f, tokenizer_json) for f in text_set.files]
     for source, reader in zip(text_set.files, readers):  # what can be checked cheaply, before any is made
@@ -443,7 +440,7 @@ def prepare_set(text_set: TextSet, report: Optional[Report] = None) -> list[Path
                 with contextlib.suppress(FileNotFoundError):
                     leftover.unlink()
         raise
-    return text_set.token_files(tokenizer)
+    return index.token_files
 
 
 def tell(report: Optional[Report], source: str, path: Path, now: bool, made: list[Path]) -> None:
@@ -459,11 +456,11 @@ def open_set(text_set: TextSet) -> Union[TokenFile, tuple[ShardStream, str]]:
     """The prepared set: a set of one file is that file's token file; a larger one the stream of its
     token files (shards of the project's format) and the tokenizer.json they share."""
     tokenizer = text_set.tokenizer(make=False)
-    paths = text_set.token_files(tokenizer)
-    if len(paths) == 1:
-        return open_token_file(paths[0])
-    layouts = text_set.index(tokenizer).layouts()
-    return open_token_files(paths, text_set.key, tokenizer.settings(), layouts), tokenizer.file.json
+    index = text_set.index(tokenizer)
+    if len(index.token_files) == 1:
+        return open_token_file(index.token_files[0])
+    return open_token_files(index.token_files, text_set.key, tokenizer.settings(), index.layouts()), \
+        tokenizer.file.json
 
 
 # ------------------------------------------------------------------------------------- the set's index
