@@ -306,6 +306,13 @@ def samples_by_process(folder) -> dict[int, list[int]]:
     return by_pid
 
 
+def the_error_line(output: str) -> str:
+    """The one `error:` line a run said (said once for the world, by whichever rank speaks for it)."""
+    said = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(said) == 1, output
+    return said[0]
+
+
 # Divergence on 2 ranks: every rank stops at the same step, one line (said once), the snapshot kept.
 
 def test_a_diverging_fsdp_run_on_two_ranks_stops_together_and_keeps_its_snapshot(ddp_two_epochs, text_file,
@@ -320,10 +327,9 @@ def test_a_diverging_fsdp_run_on_two_ranks_stops_together_and_keeps_its_snapshot
                                trainer_config__grad_norm_clip=1e9)
     result = run([*TORCHRUN, "--standalone", "--nproc_per_node=2", MAIN, *overrides])
     assert result.returncode == 1, result.stderr
-    said = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(said) == 1, result.stderr  # by whichever rank reached the store first
-    assert re.match(r"error: (\[rank 1\] )?training diverged: the loss is not finite from step", said[0])
-    assert "the last snapshot (step 85) is kept as it was" in said[0]
+    said = the_error_line(result.stderr)  # by whichever rank reached the store first
+    assert re.match(r"error: (\[rank 1\] )?training diverged: the loss is not finite from step", said)
+    assert "the last snapshot (step 85) is kept as it was" in said
     assert "Snapshot saved" not in result.stdout and sha256(snapshot) == before
 
 
@@ -394,13 +400,12 @@ def test_a_stopped_rank_is_named_in_one_line_and_a_long_save_is_not_a_hang(text_
     stopped.kill()  # torchrun would wait for a stopped worker to answer its SIGTERM
     rest, _ = process.communicate(timeout=120)
     output = "".join(seen) + rest
-    said = [line for line in output.splitlines() if line.startswith("error:")]
-    assert len(said) == 1, output
+    said = the_error_line(output)
     assert re.match(rf"error: rank 1 \(host \S+, pid {stopped.pid}\) has not been heard from for \d+ s; it "
                     r"was in step \d+'s .*; rank\(s\) 0 are waiting for it in step \d+'s .*; the last "
                     r"snapshot "
                     r"\(step \d+0\) is kept as it was: .*snap\.pt; each rank's position and stacks: .*"
-                    r"hang_report\.txt$", said[0]), said[0]
+                    r"hang_report\.txt$", said), said
     assert said_after < HANG_TIMEOUT_S + 8, said_after
     assert process.returncode == 1
     report = (tmp_path / "hang_report.txt").read_text()
@@ -445,10 +450,9 @@ def test_a_rank_blocked_in_its_data_loading_is_named_as_stuck(text_file, tmp_pat
     before = sha256(snapshot)
     rest, _ = process.communicate(timeout=60)
     output = "".join(seen) + rest
-    said = [line for line in output.splitlines() if line.startswith("error:")]
-    assert len(said) == 1, output
+    said = the_error_line(output)
     assert re.match(r"error: rank 1 \(host \S+, pid \d+\) has not moved for \d+ s; it was in step 25's "
                     r"data loading; rank\(s\) 0 are waiting for it in step 25's backward pass \(gradient "
-                    r"sync\); the last snapshot \(step 20\) is kept as it was", said[0]), said[0]
+                    r"sync\); the last snapshot \(step 20\) is kept as it was", said), said
     assert process.returncode == 1 and time.monotonic() - started < 60
     assert sha256(snapshot) == before
