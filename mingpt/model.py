@@ -48,6 +48,11 @@ class GPTConfig:
     """Width of the embeddings and of every block."""
     vocab_size: Optional[int] = None
     """Set from the data, not by the user."""
+    vocab_multiple: int = 64
+    """The embedding's and the output layer's rows are the vocabulary rounded up to a multiple of
+    this (GPT-2's 50,257 to 50,304): matmuls in whole tiles are faster (bench/bench_vocab_padding.py).
+    The extra rows are zero and their logits -inf, so the model computes what it would unpadded; 1
+    turns padding off. A single-file snapshot of another padding resumes (its rows are re-padded)."""
     block_size: Optional[int] = None
     """Set from data_config.block_size, not by the user."""
     embd_pdrop: float = 0.1
@@ -89,12 +94,18 @@ class GPTConfig:
         for name in ("vocab_size", "block_size"):
             value = getattr(self, name)
             check(value is None or value > 0, f"gpt_config.{name}", f"must be positive, got {value}")
+        check_positive(self, "gpt_config", "vocab_multiple")
         for name in ("embd_pdrop", "resid_pdrop", "attn_pdrop"):
             value = getattr(self, name)
             check(0.0 <= value < 1.0, f"gpt_config.{name}", f"must be in [0, 1), got {value}")
         check_choice(self, "gpt_config", "activation", ACTIVATIONS)
         check(self.init_from is None or bool(self.init_from), "gpt_config.init_from",
               "must not be empty; give a model folder or null")
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """The rows of the embedding and the output layer: vocab_size rounded up to vocab_multiple."""
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
 
 LR_SCHEDULES = ("constant", "cosine")
@@ -247,6 +258,9 @@ def parameter_seed(seed: int, name: str) -> int:
 InitialValues = Callable[[str, slice], torch.Tensor]
 """The initial value of a parameter (by name), of the rows (dim 0) of a slice with start and stop."""
 
+VOCABULARY_WEIGHTS = ("tok_emb.weight", "head.weight")
+"""The parameters with a row per token, padded to GPTConfig.padded_vocab_size rows."""
+
 
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig, seed: int = 0, weights: Optional[InitialValues] = None):
@@ -260,12 +274,12 @@ class GPT(nn.Module):
         self.config = config
         self.seed = seed
         self.weights = weights
-        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
+        self.tok_emb = nn.Embedding(config.padded_vocab_size, config.n_embd)
         self.pos_emb = nn.Embedding(config.block_size, config.n_embd)
         self.drop = Dropout(config.embd_pdrop)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd)
-        self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         if not self.head.weight.is_meta:
             self.init_weights()
 
@@ -278,22 +292,37 @@ class GPT(nn.Module):
         weights 1. Each weight is drawn from a generator of its own, seeded by (seed, name), so its
         value depends on neither the device, the distributed method, the world size nor the order
         in which parameters are made: each one can be made alone, when it is needed.
+
+        The padding rows of VOCABULARY_WEIGHTS are zero, and the others are drawn as for an
+        unpadded model: the padding changes no weight.
         """
         param = self.get_parameter(name)  # its shape and dtype (the full ones, even if sharded)
+        start, stop, _ = rows.indices(param.shape[0])
+        real_rows = self.config.vocab_size if name in VOCABULARY_WEIGHTS else param.shape[0]
+        shape = (real_rows, *param.shape[1:])
+        value = self._unpadded_value(name, shape, param.dtype,
+                                     slice(min(start, real_rows), min(stop, real_rows)))
+        if stop <= real_rows:
+            return value
+        return torch.cat([value, torch.zeros((stop - max(start, real_rows), *shape[1:]), dtype=param.dtype)])
+
+    def _unpadded_value(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, rows: slice
+                        ) -> torch.Tensor:
+        """initial_value of the rows of a parameter of this shape."""
         if self.weights is not None:
-            return self.weights(name, slice(*rows.indices(param.shape[0]))).to(param.dtype)
+            return self.weights(name, rows).to(dtype)
         module_name, _, kind = name.rpartition(".")
         module = self.get_submodule(module_name)
         if kind == "bias":
-            return torch.zeros(param.shape, dtype=param.dtype)[rows]
+            return torch.zeros(shape, dtype=dtype)[rows]
         if isinstance(module, nn.LayerNorm):
-            return torch.ones(param.shape, dtype=param.dtype)[rows]
+            return torch.ones(shape, dtype=dtype)[rows]
         if not isinstance(module, (nn.Linear, nn.Embedding)):
             raise TypeError(f"no initial value for {name} of a {type(module).__name__}")
         residual = name.endswith(("attn.proj.weight", "mlp.proj.weight"))
         std = 0.02 / math.sqrt(2 * self.config.n_layer) if residual else 0.02
         generator = torch.Generator().manual_seed(parameter_seed(self.seed, name))
-        return torch.empty(param.shape, dtype=param.dtype).normal_(0.0, std, generator=generator)[rows]
+        return torch.empty(shape, dtype=dtype).normal_(0.0, std, generator=generator)[rows]
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -304,7 +333,8 @@ class GPT(nn.Module):
     def forward(
         self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """idx, targets: (B, T) token ids. Returns logits (B, T, V) and the mean loss if targets."""
+        """idx, targets: (B, T) token ids. Returns logits (B, T, V) and the mean loss if targets
+        (the padding's logits, -inf, are cut off the logits returned)."""
         T = idx.size(1)
         if T > self.config.block_size:
             raise ValueError(f"sequence of {T} tokens is longer than block_size {self.config.block_size}")
@@ -312,11 +342,15 @@ class GPT(nn.Module):
         x = self.drop(self.tok_emb(idx) + self.pos_emb(positions))  # (B, T, C)
         for block in self.blocks:
             x = block(x)
-        logits = self.head(self.ln_f(x))  # (B, T, V)
-        if targets is None:
-            return logits, None
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-        return logits, loss
+        logits = self.head(self.ln_f(x))  # (B, T, padded V)
+        vocab_size = self.config.vocab_size
+        padded = logits.size(-1) > vocab_size
+        if padded:
+            # In place: the matmul keeps its inputs for the backward pass, not its output, and a copy
+            # of the logits would take as much memory again. -inf takes the padding out of the softmax.
+            logits[..., vocab_size:] = float("-inf")
+        loss = None if targets is None else F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        return (logits[..., :vocab_size] if padded else logits), loss
 
     def describe(self) -> str:
         cfg = self.config
@@ -346,14 +380,16 @@ class GPT(nn.Module):
 def meta_model(config: GPTConfig) -> GPT:
     """The GPT of a config's sizes on the meta device, for its parameter counts, state and FLOPs
     without any memory; built once per size (a large one takes seconds even there)."""
-    return _meta_model(config.n_layer, config.n_head, config.n_embd, config.vocab_size, config.block_size)
+    return _meta_model(config.n_layer, config.n_head, config.n_embd, config.vocab_size, config.block_size,
+                       config.vocab_multiple)
 
 
 @functools.lru_cache(maxsize=64)
-def _meta_model(n_layer: int, n_head: int, n_embd: int, vocab_size: int, block_size: int) -> GPT:
+def _meta_model(n_layer: int, n_head: int, n_embd: int, vocab_size: int, block_size: int,
+                vocab_multiple: int) -> GPT:
     with torch.device("meta"):
         return GPT(GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab_size,
-                             block_size=block_size))
+                             block_size=block_size, vocab_multiple=vocab_multiple))
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:

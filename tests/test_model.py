@@ -106,6 +106,25 @@ def test_forward_shapes_and_loss_of_an_untrained_model():
     assert model(idx)[1] is None
 
 
+def test_a_padded_vocabulary_computes_what_the_unpadded_one_does():
+    """11 tokens in 64 rows: the real rows are the unpadded model's, the padding's zero, the logits and
+    the loss the same, and the padding's rows get no gradient, so that they stay zero."""
+    padded, unpadded = tiny_gpt(), tiny_gpt(vocab_multiple=1)
+    assert padded.head.weight.shape[0] == padded.tok_emb.weight.shape[0] == 64
+    assert unpadded.head.weight.shape[0] == 11
+    for name in ("tok_emb.weight", "head.weight"):
+        weight = padded.get_parameter(name)
+        assert torch.equal(weight[:11], unpadded.get_parameter(name)) and not weight[11:].any()
+    idx = torch.randint(0, 11, (3, 16), generator=torch.Generator().manual_seed(0))
+    padded.eval(), unpadded.eval()
+    (logits, loss), (expected_logits, expected_loss) = padded(idx, idx), unpadded(idx, idx)
+    assert logits.shape == expected_logits.shape == (3, 16, 11)
+    torch.testing.assert_close(logits, expected_logits)
+    torch.testing.assert_close(loss, expected_loss)
+    loss.backward()
+    assert not padded.head.weight.grad[11:].any() and not padded.tok_emb.weight.grad[11:].any()
+
+
 def test_longer_than_block_size_is_refused():
     with pytest.raises(ValueError, match="block_size"):
         tiny_gpt()(torch.zeros(1, 17, dtype=torch.long))
@@ -117,7 +136,7 @@ def test_init_follows_gpt2():
     assert model.blocks[0].attn.proj.weight.std().item() == pytest.approx(residual_std, rel=0.05)
     assert model.blocks[0].mlp.proj.weight.std().item() == pytest.approx(residual_std, rel=0.05)
     assert model.blocks[0].mlp.fc.weight.std().item() == pytest.approx(0.02, rel=0.05)
-    assert model.tok_emb.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    assert model.tok_emb.weight[:11].std().item() == pytest.approx(0.02, rel=0.1)  # the padding's are 0
     assert torch.count_nonzero(model.blocks[0].attn.qkv.bias) == 0
     assert model.head.bias is None
 
