@@ -27,16 +27,20 @@ from safetensors.torch import save_file
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from mingpt.common.errors import MinGPTError, OneLineArgumentParser, SnapshotError, command
+from mingpt.model import VOCABULARY_WEIGHTS
 from mingpt.storage.gpt2_folder import HF_ACTIVATIONS, LAYER_NORM_EPS, gpt2_entry
 from mingpt.storage.snapshot import Snapshot, snapshot_at
 from mingpt.tokens.tokenizer import END_OF_TEXT, Vocabulary
 
 
-def gpt2_weights(model_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The model's weights under GPT2LMHeadModel's names and shapes (each its own contiguous copy)."""
+def gpt2_weights(model_state: dict[str, torch.Tensor], vocab_size: int) -> dict[str, torch.Tensor]:
+    """The model's weights under GPT2LMHeadModel's names and shapes (each its own contiguous copy),
+    the vocabulary's without their padding."""
     weights = {}
     for name, tensor in model_state.items():
         gpt2_name, turns = gpt2_entry(name)
+        if name in VOCABULARY_WEIGHTS:
+            tensor = tensor[:vocab_size]
         weights[gpt2_name] = (tensor.t() if turns else tensor).contiguous().clone()
     return weights
 
@@ -91,7 +95,8 @@ def export(snapshot: Snapshot, out: Path) -> None:
 
 def _write_folder(snapshot: Snapshot, partial: Path) -> None:
     weights = partial / "model.safetensors"
-    save_file(gpt2_weights(snapshot.model_state), str(weights), metadata={"format": "pt"})
+    save_file(gpt2_weights(snapshot.model_state, snapshot.model_config["vocab_size"]), str(weights),
+              metadata={"format": "pt"})
     weights.chmod(0o666 & ~current_umask())  # save_file makes it 0600; its siblings get the usual mode
     end_of_text = Vocabulary.kept(snapshot.vocab, snapshot.tokenizer).token_id(END_OF_TEXT)
     config = gpt2_config(snapshot.model_config, end_of_text)

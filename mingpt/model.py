@@ -104,8 +104,13 @@ class GPTConfig:
 
     @property
     def padded_vocab_size(self) -> int:
-        """The rows of the embedding and the output layer: vocab_size rounded up to vocab_multiple."""
-        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
+        """The rows of the embedding and the output layer."""
+        return padded_vocab_size(self.vocab_size, self.vocab_multiple)
+
+
+def padded_vocab_size(vocab_size: int, vocab_multiple: int) -> int:
+    """vocab_size rounded up to a multiple of vocab_multiple."""
+    return -(-vocab_size // vocab_multiple) * vocab_multiple
 
 
 LR_SCHEDULES = ("constant", "cosine")
@@ -354,9 +359,16 @@ class GPT(nn.Module):
 
     def describe(self) -> str:
         cfg = self.config
-        params = sum(p.numel() for p in self.parameters())  # global counts, sharded or not
+        params = self.num_parameters()
         return (f"GPT {params / 1e6:.2f}M parameters ({cfg.n_layer} layers, {cfg.n_head} heads, "
                 f"{cfg.n_embd} wide, block {cfg.block_size})")
+
+    def num_parameters(self) -> int:
+        """The model's parameters, global counts (sharded or not), without the vocabulary's padding
+        (GPT-2 is 124M whatever its padding): what the model is, not what it holds."""
+        padding_rows = self.head.out_features - self.config.vocab_size
+        padding = padding_rows * self.config.n_embd * len(VOCABULARY_WEIGHTS)
+        return sum(p.numel() for p in self.parameters()) - padding
 
     def input_parameters(self) -> list[nn.Parameter]:
         """The embeddings: the forward pass uses them first, so backward computes their gradients

@@ -20,10 +20,11 @@ SETTINGS: dict[str, Sizes] = {DEFAULT: tuple(DEFAULT_SIZES.values()), **PRESETS}
 
 
 def measure(n_layer: int, n_head: int, n_embd: int, vocab_size: int, block_size: int) -> tuple[int, int]:
-    """(parameter count, model state-dict bytes) of one setting, built on the meta device."""
+    """(parameter count, model state-dict bytes with the vocabulary's padding) of one setting, built
+    on the meta device."""
     model = meta_model(GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd,
                                  vocab_size=vocab_size, block_size=block_size))
-    params = sum(p.numel() for p in model.parameters())
+    params = model.num_parameters()
     state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     return params, state_bytes
 

@@ -71,8 +71,8 @@ def test_a_broken_mapping_gives_other_logits(tiny_epoch, tmp_path, monkeypatch, 
     transposed or not, and a missing bias loads as a new one."""
     mapping = export_hf.gpt2_weights
 
-    def broken_weights(model_state):
-        weights = mapping(model_state)
+    def broken_weights(model_state, vocab_size):
+        weights = mapping(model_state, vocab_size)
         if broken == "a dropped bias":
             del weights["transformer.h.0.mlp.c_fc.bias"]
         else:

@@ -69,7 +69,7 @@ class Setting:
 
     def work(self, checkpointing: str, grad_accum_steps: int = 0) -> StepWork:
         flops = meta_model(self.model).flops_per_token()
-        head = self.model.vocab_size * self.model.n_embd
+        head = self.model.padded_vocab_size * self.model.n_embd
         recompute = recompute_flops_per_token(flops, head) if checkpointing == "full" else 0
         dtype = self.configured.compute_dtype
         return StepWork(model_sizes(self.model), flops, recompute, self.batch_size * self.model.block_size,

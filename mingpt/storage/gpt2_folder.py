@@ -212,8 +212,10 @@ def weight_locations(path: Path) -> dict[str, tuple[str, str]]:
 
 
 def expected_shapes(folder: GPT2Folder) -> dict[str, tuple[int, ...]]:
-    """GPT-2's name and shape of each weight the model reads (wpe: all n_positions rows)."""
-    config = GPTConfig(**folder.sizes, vocab_size=folder.vocab_size, block_size=folder.n_positions)
+    """GPT-2's name and shape of each weight the model reads (wpe: all n_positions rows; the
+    vocabulary's weights unpadded: model.initial_value pads them)."""
+    config = GPTConfig(**folder.sizes, vocab_size=folder.vocab_size, block_size=folder.n_positions,
+                       vocab_multiple=1)
     with torch.device("meta"):
         model = GPT(config)
     shapes = {}

@@ -20,7 +20,7 @@ run's state (store.py, sharded_store.py) build on it.
 """
 import io
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Optional
 
 import torch
@@ -28,6 +28,7 @@ import torch.nn as nn
 
 from mingpt.common import files
 from mingpt.common.errors import SnapshotError, short_reason
+from mingpt.model import VOCABULARY_WEIGHTS, padded_vocab_size
 
 TRAINING_KEY = "trainer_config.snapshot_path"
 """What the user sets to point at snapshots; error messages name it (a command may name its own)."""
@@ -36,6 +37,8 @@ SHARDED_ENTRY = re.compile(r"sharded_(\d+)$")
 """A sharded snapshot's folder in a run folder (sharded_store.py writes them)."""
 SHARDED_INFO = "info.pt"
 """Written last into a sharded snapshot's folder: there, the snapshot is complete."""
+OLDER_MODEL_CONFIG = {"activation": "gelu", "vocab_multiple": 1}
+"""What a snapshot written before a GPTConfig key was built with: filled in when it is read."""
 
 
 @dataclass
@@ -107,9 +110,9 @@ class Snapshot(Progress):
     def check_matches(self, model_config: dict[str, Any], vocab: list[str], path: str, tokenizer: str = ""
                       ) -> None:
         """Refuse a snapshot of another model shape, activation or vocabulary, naming what differs."""
-        shape_keys = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size", "activation")
-        older = {"activation": "gelu"}  # what a snapshot of before the key had
-        ours, theirs = ({k: config.get(k, older.get(k)) for k in shape_keys}
+        shape_keys = ("n_layer", "n_head", "n_embd", "vocab_size", "vocab_multiple", "block_size",
+                      "activation")
+        ours, theirs = ({k: config.get(k) for k in shape_keys}
                         for config in (self.model_config, model_config))
         differ = [f"{k}={ours[k]} (config: {theirs[k]})" for k in shape_keys if ours[k] != theirs[k]]
         if differ:
@@ -154,7 +157,33 @@ def read_snapshot(path: str, key: str = TRAINING_KEY) -> Optional[Snapshot]:
     if not isinstance(state, dict) or not set(state) <= expected or "model_state" not in state:
         found = sorted(state) if isinstance(state, dict) else type(state).__name__
         raise SnapshotError(f"snapshot {path} is not a minGPT-DDP snapshot (holds {found}); {advice}")
-    return Snapshot(**state)
+    snapshot = Snapshot(**state)
+    if snapshot.model_config:
+        snapshot.model_config = {**OLDER_MODEL_CONFIG, **snapshot.model_config}
+    return snapshot
+
+
+def repadded(snapshot: Snapshot, model_config: dict[str, Any]) -> Snapshot:
+    """The snapshot with its vocabulary's rows (model.VOCABULARY_WEIGHTS', and their optimizer
+    state's) padded with zeros or cut to model_config's vocab_multiple. The padding's rows are zero
+    and unused, so this is the same model: a snapshot of before padding resumes into a padded model."""
+    config, vocab_multiple = snapshot.model_config, model_config.get("vocab_multiple")
+    if vocab_multiple in (None, config.get("vocab_multiple")) or "vocab_size" not in config:
+        return snapshot  # the same padding, or none to pad to or by (check_matches judges the rest)
+    rows = padded_vocab_size(config["vocab_size"], vocab_multiple)
+
+    def fit(name: str, value: Any) -> Any:
+        if name not in VOCABULARY_WEIGHTS or not isinstance(value, torch.Tensor) or value.dim() == 0:
+            return value  # another parameter's, or a scalar (AdamW's step)
+        extra = rows - value.shape[0]
+        return value[:rows] if extra <= 0 else torch.cat([value, value.new_zeros(extra, *value.shape[1:])])
+
+    model_state = {name: fit(name, tensor) for name, tensor in snapshot.model_state.items()}
+    state = {name: {key: fit(name, value) for key, value in values.items()}
+             for name, values in snapshot.optimizer_state.get("state", {}).items()}
+    return replace(snapshot, model_state=model_state, optimizer_state={**snapshot.optimizer_state,
+                                                                       "state": state},
+                   model_config={**config, "vocab_multiple": vocab_multiple})
 
 
 def check_tensors_fit(model: nn.Module, snapshot: Snapshot) -> None:

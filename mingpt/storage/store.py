@@ -16,6 +16,7 @@ from mingpt.storage.snapshot import (
     is_folder,
     list_entries,
     newest_snapshot,
+    repadded,
     snapshot_folder,
     write_snapshot,
 )
@@ -83,6 +84,7 @@ class FullStateStore:
         snapshot, path = newest_snapshot(self.path)
         if snapshot is None:
             return None, None
+        snapshot = repadded(snapshot, model_config)
         snapshot.check_matches(model_config, vocab, path, tokenizer)
         try:
             check_tensors_fit(unwrap(model), snapshot)

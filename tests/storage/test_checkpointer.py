@@ -1,8 +1,10 @@
 """checkpointer.py: the one decision of when a snapshot is due, saving, and resuming."""
 import signal
 
+import pytest
 import torch
 
+from mingpt.common.errors import SnapshotError
 from mingpt.distributed.control import Decision
 from mingpt.distributed.process_group import DistEnv
 from mingpt.model import GPT, GPTConfig, OptimizerConfig, create_optimizer
@@ -15,7 +17,8 @@ STOP = Decision(stop_signal=signal.SIGTERM)
 
 
 def checkpointer(tmp_path, **policy) -> Checkpointer:
-    policy = SnapshotPolicy(path=str(tmp_path / "snap.pt"), **policy)
+    path = tmp_path if policy.get("snapshot_format") == "sharded" else tmp_path / "snap.pt"
+    policy = SnapshotPolicy(path=str(path), **policy)
     return Checkpointer(policy, ONE_PROCESS, vocab=list("ab"))
 
 
@@ -51,3 +54,38 @@ def test_a_position_already_saved_is_not_saved_again_and_resumes_there(tmp_path,
     assert resumed.resume(model, optimizer, scaler) == mid_epoch(10)
     assert resumed.due(mid_epoch(10), STOP) is None  # what it resumed from is saved already
     assert resumed.restore_rng(fallback_seed=0) and not resumed.restore_rng(fallback_seed=0)  # once
+
+
+def test_a_snapshot_of_another_vocabulary_padding_resumes_the_same_model(tmp_path, world_of_one):
+    """Written unpadded (a vocabulary of 2 in 2 rows, as before padding), resumed into 64 rows: the
+    same logits, before and after a step (the optimizer's state re-padded too). A sharded snapshot
+    cannot re-pad its shards: it is refused, naming the key that resumes it."""
+    def model_and_optimizer(vocab_multiple: int, seed: int):
+        model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, vocab_size=2, block_size=4,
+                              vocab_multiple=vocab_multiple, embd_pdrop=0, resid_pdrop=0, attn_pdrop=0),
+                    seed=seed)
+        return model, create_optimizer(model, OptimizerConfig(learning_rate=0.1))
+
+    def step(model, optimizer):
+        optimizer.zero_grad()
+        model(ids, ids)[1].backward()
+        optimizer.step()
+        return model(ids)[0]
+
+    ids = torch.tensor([[0, 1, 1, 0]])
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    for snapshot_format in ("single", "sharded"):
+        saver = checkpointer(tmp_path / snapshot_format, snapshot_format=snapshot_format)
+        unpadded, optimizer = model_and_optimizer(vocab_multiple=1, seed=0)
+        step(unpadded, optimizer)
+        saver.save("step 1", mid_epoch(1), unpadded, optimizer, scaler)
+        padded, padded_optimizer = model_and_optimizer(vocab_multiple=64, seed=1)  # other weights
+        resumed = checkpointer(tmp_path / snapshot_format, snapshot_format=snapshot_format)
+        if snapshot_format == "sharded":
+            with pytest.raises(SnapshotError, match=r"another model: vocab_multiple=1 \(config: 64\)"):
+                resumed.resume(padded, padded_optimizer, scaler)
+            continue
+        assert resumed.resume(padded, padded_optimizer, scaler) == mid_epoch(1)
+        assert padded.head.weight.shape[0] == 64 and not padded.head.weight[2:].any()
+        torch.testing.assert_close(padded(ids)[0], unpadded(ids)[0])
+        torch.testing.assert_close(step(padded, padded_optimizer), step(unpadded, optimizer))

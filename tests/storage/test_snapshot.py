@@ -20,7 +20,8 @@ def snapshot(epoch: int = 1, n_layer: int = 2, step: int = 10) -> Snapshot:
         optimizer_state={"state": {}, "param_groups": [{"lr": 0.1, "betas": (0.9, 0.95), "params": ["w"]}]},
         rng_states=[{"cpu": torch.get_rng_state(), "cuda": None}],
         vocab=list("abc"),
-        model_config={"n_layer": n_layer, "n_head": 2, "n_embd": 8, "vocab_size": 3, "block_size": 4},
+        model_config={"n_layer": n_layer, "n_head": 2, "n_embd": 8, "vocab_size": 3, "block_size": 4,
+                      "activation": "gelu", "vocab_multiple": 64},
     )
 
 
@@ -118,8 +119,19 @@ def test_a_snapshot_of_another_model_or_vocabulary_is_refused():
         saved.check_matches(config, list("abd"), "p")
     with pytest.raises(SnapshotError, match="another vocabulary"):  # the same tokens of another BPE
         saved.check_matches(config, list("abc"), "p", tokenizer='{"model": {"type": "BPE"}}')
-    with pytest.raises(SnapshotError, match=r"another model: activation=gelu \(config: gelu_tanh\)"):
-        saved.check_matches({**config, "activation": "gelu_tanh"}, list("abc"), "p")  # gelu: before the key
+
+
+def test_a_snapshot_of_before_a_model_key_was_built_as_that_key_s_older_default(tmp_path):
+    """Written without activation and vocab_multiple: GELU exact, and no vocabulary padding."""
+    written = snapshot()
+    del written.model_config["activation"], written.model_config["vocab_multiple"]
+    write_snapshot(written, str(tmp_path / "old.pt"))
+    old = read_snapshot(str(tmp_path / "old.pt"))
+    assert old.model_config["activation"] == "gelu" and old.model_config["vocab_multiple"] == 1
+    config = {**old.model_config, "activation": "gelu_tanh", "vocab_multiple": 64}
+    with pytest.raises(SnapshotError, match=r"another model: vocab_multiple=1 \(config: 64\), "
+                                            r"activation=gelu \(config: gelu_tanh\)"):
+        old.check_matches(config, list("abc"), "p")
 
 
 @pytest.fixture
