@@ -327,9 +327,9 @@ def shrink_head_momentum(state: dict) -> None:
 
 @pytest.mark.parametrize("alter, message", [
     (None, "was trained on another vocabulary"),
-    (shrink_head, "(ValueError: the snapshot's head.weight is (37, 31), the model's (37, 32))"),
+    (shrink_head, "(ValueError: the snapshot's head.weight is (64, 31), the model's (64, 32))"),  # 37 padded
     (drop_final_norm, "(ValueError: the snapshot lacks ln_f.weight)"),
-    (shrink_head_momentum, "the snapshot's head.weight (exp_avg) is (37, 31), the model's (37, 32)"),
+    (shrink_head_momentum, "the snapshot's head.weight (exp_avg) is (64, 31), the model's (64, 32)"),
 ], ids=["other-vocabulary", "weight-of-another-shape", "missing-weight", "optimizer-state-of-another-shape"])
 def test_snapshot_that_does_not_fit_is_refused_in_one_line_and_untouched(text_file, tmp_path, capsys,
                                                                          trained_once, alter, message):
