@@ -23,7 +23,8 @@ from mingpt.distributed.process_group import distributed_session
 from mingpt.model import GPT, GPTConfig
 
 SEED = 7
-TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=11, block_size=15)  # odd rows: uneven shards
+# 15 positions: uneven shards; 11 tokens in 64 rows: rank 0's shard cut at the padding, rank 1's all padding
+TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=11, block_size=15)
 LARGER = GPTConfig(n_layer=8, n_head=8, n_embd=512, vocab_size=11, block_size=16)  # 25M parameters, 101 MB
 FULL_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True)  # on rank 0, in CPU memory
 PLACEMENTS = {"ddp": Parallelism("ddp"), "fsdp": Parallelism("fsdp"),
