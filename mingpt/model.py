@@ -351,9 +351,12 @@ class GPT(nn.Module):
         vocab_size = self.config.vocab_size
         padded = logits.size(-1) > vocab_size
         if padded:
-            # In place: the matmul keeps its inputs for the backward pass, not its output, and a copy
-            # of the logits would take as much memory again. -inf takes the padding out of the softmax.
-            logits[..., vocab_size:] = float("-inf")
+            # -inf takes the padding out of the softmax. In place, and unseen by autograd: a copy of the
+            # logits would take as much memory again, and autograd would copy their gradient to zero
+            # the padding's part, which is zero already (the softmax's gradient where it is 0). The
+            # matmul keeps its inputs for the backward pass, not the logits, so they may change.
+            with torch.no_grad():
+                logits[..., vocab_size:] = float("-inf")
         loss = None if targets is None else F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
         return (logits[..., :vocab_size] if padded else logits), loss
 

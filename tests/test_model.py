@@ -121,8 +121,10 @@ def test_a_padded_vocabulary_computes_what_the_unpadded_one_does():
     assert logits.shape == expected_logits.shape == (3, 16, 11)
     torch.testing.assert_close(logits, expected_logits)
     torch.testing.assert_close(loss, expected_loss)
-    loss.backward()
+    loss.backward(), expected_loss.backward()
     assert not padded.head.weight.grad[11:].any() and not padded.tok_emb.weight.grad[11:].any()
+    torch.testing.assert_close(padded.head.weight.grad[:11], unpadded.head.weight.grad)
+    torch.testing.assert_close(padded.blocks[0].mlp.fc.weight.grad, unpadded.blocks[0].mlp.fc.weight.grad)
 
 
 def test_longer_than_block_size_is_refused():
