@@ -110,6 +110,7 @@ def test_multirun_sweeps(text_file, tmp_path):
     ("trainer_config.save_every=0", "error: trainer_config.save_every: must be positive, got 0"),
     ("trainer_config.log_every=0", "error: trainer_config.log_every: must be positive, got 0"),
     ("optimizer_config.learning_rate=0", "error: optimizer_config.learning_rate: must be positive, got 0"),
+    ("gpt_config.vocab_multiple=0", "error: gpt_config.vocab_multiple: must be positive, got 0"),
     # Hydra's advice for a misspelt key adds it, and to_object would drop it without a word.
     ("+trainer_config.batch_sz=16", "error: trainer_config.batch_sz: is not a key of TrainerConfig"),
     ("+anything=1", "error: anything: is not a key of TrainConfig"),
