@@ -95,9 +95,14 @@ class TrainerConfig:
     """Log the loss every this many iterations."""
     eval_every_steps: int = 0
     """Evaluate every this many optimizer steps instead of at the end of each epoch (0: at epochs)."""
-    eval_batches: int = 0
-    """Evaluate on this many batches per rank: a fixed seeded subset of the test split, the same at
-    every evaluation (0: the whole test split)."""
+    eval_batches: int = 100
+    """Evaluate on at most this many batches per rank, the same ones at every evaluation. A test
+    split (or val_path) that fits is evaluated whole, in order; a larger one is bounded, as nanoGPT's
+    eval_iters and llm.c's val_max_steps bound theirs: to windows that do not overlap, spread evenly
+    over it, where it is a stretch of text (val_path, split=contiguous), else to a fixed seeded subset
+    (the random split). 100: the default run's 26 test batches are all evaluated, while an evaluation
+    of FineWeb's 100M-token val_path costs about what 33 training steps do (a forward pass is a third
+    of a step), not hours. 0: all of it, however large."""
     metrics_path: Optional[str] = None
     """JSON-lines metrics file (any fsspec path); default: beside the snapshot. Run trackers
     (TensorBoard, W&B, MLflow) get the same values: tracker_config."""
@@ -235,6 +240,7 @@ class Trainer:
         stop signal ended the run early (after its snapshot)."""
         config = self.config
         if self._budget_spent():
+            self.checkpointer.release()
             self.report.close(self._nothing_left())
             return
         agreement = control.StepAgreement(config.stop_signals, config.save_every_minutes, self.env)

@@ -287,6 +287,14 @@ def rank_zeros(values: list[float]) -> list[float]:
     return tensor.tolist()
 
 
+def first_said(message: "str | None") -> "str | None":
+    """The first rank's message that is not None (an error one rank met), on every rank; a world of
+    one (or code run outside a process group) asks nobody."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return message
+    return next((said for said in all_gather_objects(message) if said is not None), None)
+
+
 def all_gather_objects(obj: object) -> list:
     """Every rank's obj, in rank order, on every rank."""
     gathered = [None] * dist.get_world_size()

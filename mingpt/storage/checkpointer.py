@@ -19,15 +19,16 @@ from typing import Iterator, Optional, Sequence
 import torch
 import torch.nn as nn
 
-from mingpt.common.errors import SnapshotError, TrainingDiverged
+from mingpt.common.errors import MinGPTError, SnapshotError, TrainingDiverged
 from mingpt.common.files import check_writable
 from mingpt.common.logger import log, warn_once
 from mingpt.distributed.control import Decision
 from mingpt.distributed.parallel import local_part, unwrap
-from mingpt.distributed.process_group import DistEnv, all_gather_objects, any_rank, side_group
+from mingpt.distributed.process_group import DistEnv, all_gather_objects, any_rank, first_said, side_group
 from mingpt.storage.background_save import BackgroundSaves
 from mingpt.storage.sharded_store import ShardedSnapshotStore
-from mingpt.storage.snapshot import Progress, Snapshot
+from mingpt.storage.lease import SnapshotLease
+from mingpt.storage.snapshot import TRAINING_KEY, Progress, Snapshot
 from mingpt.storage.store import FullStateStore, SnapshotStore
 from mingpt.tokens.tokenizer import Vocabulary
 
@@ -101,8 +102,28 @@ class Checkpointer:
         self.last_saved: Optional[Progress] = None
         """The training position of the last snapshot taken or restored."""
         self._rng_to_restore: Optional[dict] = None
-        if env.is_main:
-            check_writable(self.store.folder, "trainer_config.snapshot_path")
+        self.lease = SnapshotLease(policy.path) if env.is_main else None
+        """Global rank 0's hold on the snapshot path (lease.py): one run per path."""
+        self._take_the_path()
+
+    def _take_the_path(self) -> None:
+        """Rank 0 checks that the snapshot folder can be written and takes its lease; every rank
+        raises what it found (said once), before any rank reads a snapshot another run may be writing."""
+        refusal = None
+        if self.env.is_main:
+            try:
+                check_writable(self.store.folder, TRAINING_KEY)
+                self.lease.acquire()
+            except MinGPTError as error:
+                refusal = str(error)
+        refusal = first_said(refusal)
+        if refusal:
+            raise SnapshotError(refusal)
+
+    def release(self) -> None:
+        """The run is over (or failing): its lease goes, so the next run takes the path at once."""
+        if self.lease is not None:
+            self.lease.release()
 
     @property
     def folder(self) -> str:
@@ -176,28 +197,37 @@ class Checkpointer:
         return f"the last snapshot (step {self.last_saved.step}) is kept as it was: {self.policy.path}"
 
     def failed(self) -> bool:
-        """Whether this rank's background save has failed (never waits; for every step)."""
-        return self.saves.failed()
+        """Whether this rank can no longer write snapshots: its background save has failed, or
+        another run took the lease (never waits; for every step)."""
+        return self.saves.failed() or self._lease_lost() is not None
+
+    def _lease_lost(self) -> Optional[str]:
+        return self.lease.lost() if self.lease is not None else None
 
     def finish(self) -> None:
         """Wait for the background save in flight (async_snapshots). Every rank takes part: when
-        the save failed on any rank, every rank raises here, the writing rank its own error."""
-        if not self.policy.async_snapshots:
-            return
-        error = self.saves.finish()
-        if any_rank(error is not None):
-            raise error or SnapshotError("a background snapshot save failed on another rank; see its error")
+        the save failed on any rank, or the lease was lost, every rank raises here with that error
+        (the writing rank its own)."""
+        error = self.saves.finish() if self.policy.async_snapshots else None
+        lost = self._lease_lost()
+        if lost is not None and error is None:
+            error = SnapshotError(lost)
+        first = first_said(str(error) if error is not None else None)
+        if first is not None:
+            raise error or SnapshotError(first)
 
     @contextlib.contextmanager
     def finished_on_error(self) -> Iterator[None]:
         """When training fails, the background save in flight is still finished (it is whole or not
         there: the write is atomic) before the process goes on to exit; the training error is the
-        one reported."""
+        one reported. However training ends, the lease is released."""
         try:
             yield
         except BaseException:
             self.saves.finish()
             raise
+        finally:
+            self.release()
 
     def resume(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                scaler: torch.amp.GradScaler) -> Progress:

@@ -1,0 +1,159 @@
+"""lease.py: one run per snapshot path. Holders are real processes (a live one, an ended one) or
+leases another host would have written; two real training runs meet on one path at the end."""
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from helpers import MAIN, TORCHRUN, assert_ok, kill_tree, one_error_line, run_main, start_until, tiny_overrides
+
+from mingpt.common.errors import SnapshotError
+from mingpt.reporting.metrics import read_metrics
+from mingpt.storage import lease
+from mingpt.storage.lease import Holder, SnapshotLease, lease_path
+
+
+def write_lease(url, pid: int, host: str = "", refreshed_ago: float = 0.0, **fields) -> None:
+    """A lease as another run would have written it (by default a process of this host)."""
+    import socket
+
+    started = psutil.Process(pid).create_time() if psutil.pid_exists(pid) else time.time() - 60
+    holder = Holder(token="theirs", host=host or socket.gethostname(), pid=pid, started=started,
+                    refreshed=time.time() - refreshed_ago, **fields)
+    with open(url, "w") as f:
+        json.dump(holder.__dict__, f)
+
+
+@pytest.fixture
+def other_process():
+    """A live process that is not this one: the holder of another run's lease."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+@pytest.fixture(autouse=True)
+def no_settling(monkeypatch):
+    monkeypatch.setattr(lease, "SETTLE_S", 0.05)
+
+
+def test_the_lease_lies_beside_the_snapshots():
+    assert lease_path("gpt_snapshot.pt") == "gpt_snapshot.lease.json"
+    assert lease_path("s3://bucket/run/") == "s3://bucket/run/lease.json"
+
+
+def test_a_second_run_is_refused_naming_the_first(tmp_path, other_process):
+    snapshot = str(tmp_path / "snap.pt")
+    write_lease(lease_path(snapshot), other_process.pid)
+    with pytest.raises(SnapshotError) as refused:
+        SnapshotLease(snapshot).acquire()
+    assert f"pid {other_process.pid}" in str(refused.value) and "another run" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    assert json.loads(open(lease_path(snapshot)).read())["token"] == "theirs"  # left as it was
+
+
+def test_a_lease_whose_process_has_ended_is_taken_over_with_a_line(tmp_path, caplog):
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    snapshot = str(tmp_path / "snap.pt")
+    write_lease(lease_path(snapshot), ended.pid)
+    taken = SnapshotLease(snapshot)
+    with caplog.at_level("INFO", logger="mingpt"), taken:
+        assert json.loads(open(lease_path(snapshot)).read())["token"] == taken.me.token
+    assert "Taking over the lease" in caplog.text and "its process has ended" in caplog.text
+    assert not (tmp_path / "snap.lease.json").exists()  # released on the way out
+
+
+def test_another_host_s_lease_is_refused_until_it_goes_stale(tmp_path):
+    snapshot = str(tmp_path / "snap.pt")
+    write_lease(lease_path(snapshot), 12345, host="elsewhere", refreshed_ago=5)
+    with pytest.raises(SnapshotError, match="host elsewhere, pid 12345"):
+        SnapshotLease(snapshot).acquire()
+    write_lease(lease_path(snapshot), 12345, host="elsewhere", refreshed_ago=lease.STALE_AFTER_S + 1)
+    with SnapshotLease(snapshot):
+        pass
+
+
+def test_a_requeued_slurm_job_takes_over_its_own_lease_at_once(tmp_path, monkeypatch, caplog):
+    snapshot = str(tmp_path / "snap.pt")
+    write_lease(lease_path(snapshot), 12345, host="node-7", job="4242")  # fresh: the first attempt
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    with caplog.at_level("INFO", logger="mingpt"), SnapshotLease(snapshot):
+        pass
+    assert "Taking over" not in caplog.text
+    monkeypatch.setenv("SLURM_JOB_ID", "4243")  # another job: refused
+    write_lease(lease_path(snapshot), 12345, host="node-7", job="4242")
+    with pytest.raises(SnapshotError, match="Slurm job 4242"):
+        SnapshotLease(snapshot).acquire()
+
+
+def test_a_run_whose_lease_was_taken_over_learns_it_and_does_not_remove_it(tmp_path, monkeypatch,
+                                                                          other_process):
+    monkeypatch.setattr(lease, "REFRESH_S", 0.05)
+    snapshot = str(tmp_path / "snap.pt")
+    held = SnapshotLease(snapshot)
+    held.acquire()
+    write_lease(lease_path(snapshot), other_process.pid)  # another run thought this one gone
+    deadline = time.monotonic() + 5
+    while held.lost() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert f"pid {other_process.pid}" in held.lost()
+    held.release()
+    assert json.loads(open(lease_path(snapshot)).read())["token"] == "theirs"
+
+
+def test_a_torn_lease_is_taken_over(tmp_path):
+    snapshot = str(tmp_path / "snap.pt")
+    (tmp_path / "snap.lease.json").write_text('{"token": "theirs", "ho')
+    with SnapshotLease(snapshot):
+        pass
+
+
+def test_a_lease_on_s3_refuses_a_second_run(s3, monkeypatch, other_process):
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+    snapshot = f"s3://{s3.bucket}/leased/snap.pt"
+    with SnapshotLease(snapshot) as first:
+        second = SnapshotLease(snapshot)
+        second.me = Holder(**{**first.me.__dict__, "token": "second", "pid": other_process.pid,
+                              "started": psutil.Process(other_process.pid).create_time()})
+        with pytest.raises(SnapshotError, match=f"pid {first.me.pid}"):
+            second.acquire()
+    from mingpt.common import files
+
+    assert not files.exists(lease_path(snapshot))
+
+
+def test_two_real_runs_on_one_path(text_file, tmp_path):
+    """A 2-rank run holds its path: a second run started on it is refused in one line and changes
+    nothing; the first trains on undisturbed. Killed (every process, as by SIGKILL), it leaves its
+    lease behind, and the next run on this host takes it over with a line and resumes."""
+    snapshot = tmp_path / "snap.pt"
+    overrides = tiny_overrides(text_file, snapshot, trainer_config__max_epochs=40,
+                               trainer_config__save_every_steps=20)
+    first, _ = start_until([*TORCHRUN, "--standalone", "--nproc_per_node=2", MAIN, *overrides],
+                           "Snapshot saved at step 20")
+    try:
+        metrics_before = (tmp_path / "snap.metrics.jsonl").read_bytes()
+        second = run_main(overrides)
+        line = one_error_line(second)
+        holder = json.loads((tmp_path / "snap.lease.json").read_text())
+        assert "another run is using these snapshots" in line and f"pid {holder['pid']}" in line, line
+        assert (tmp_path / "snap.metrics.jsonl").read_bytes().startswith(metrics_before)  # not rewritten
+        assert first.poll() is None  # undisturbed
+        for member in [psutil.Process(first.pid), *psutil.Process(first.pid).children(recursive=True)]:
+            member.send_signal(signal.SIGKILL)
+        first.wait()
+    finally:
+        kill_tree(first)
+    third = run_main(tiny_overrides(text_file, snapshot, trainer_config__max_steps=25))
+    assert_ok(third)
+    assert "Taking over the lease" in third.stdout and "its process has ended" in third.stdout
+    assert "Resuming training from snapshot" in third.stdout
+    assert not (tmp_path / "snap.lease.json").exists()
+    steps = [line["step"] for line in read_metrics(str(tmp_path / "snap.metrics.jsonl"), "train")]
+    assert steps == sorted(set(steps))  # one run's lines, never two interleaved
