@@ -324,6 +324,42 @@ class Split(Dataset):
         """The windows of the split's samples at indices (see inputs_and_targets)."""
         return self.dataset.windows(self.starts(indices).numpy())
 
+    def spread(self, count: int) -> Optional["Spread"]:
+        """At most `count` of the split's windows for a bounded evaluation (Spread); None for a split in
+        an order of its own (the random split's permutation of overlapping windows, where a seeded
+        subset of that order is as fair a sample)."""
+        return Spread(self, count) if self.order is None else None
+
+
+class Spread(Dataset):
+    """At most `count` windows of a split of consecutive windows (a val_path, the contiguous split's
+    test side) that do not overlap, block_size tokens apart as llm.c's validation reads them, spread
+    evenly over the whole split: a bounded evaluation sees all of the text, not its beginning, and no
+    token is a target twice. They depend on the count alone, in this order, which the loaders deal out
+    as they deal any order: the same windows at every evaluation and at any world size."""
+
+    def __init__(self, split: Split, count: int):
+        self.split = split
+        self.step = max(split.dataset.block_size // split.dataset.stride, 1)
+        """Samples of the split from a window to the first that does not overlap it (1 for consecutive
+        windows already)."""
+        self.candidates = (len(split) - 1) // self.step + 1
+        """The split's windows that do not overlap, from its first on."""
+        self.length = min(count, self.candidates)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def starts(self, indices) -> torch.Tensor:
+        """The dataset's sample (window start) of the nth of `length` evenly spaced candidates, for
+        each n in indices."""
+        nth = torch.as_tensor(indices, dtype=torch.int64) * self.candidates // self.length
+        return self.split.starts(nth * self.step)
+
+    def __getitem__(self, indices) -> torch.Tensor:
+        """The windows at indices (see inputs_and_targets)."""
+        return self.split.dataset.windows(self.starts(indices).numpy())
+
 
 def in_windows(dataset: Dataset) -> Dataset:
     """A dataset as the Trainer's loaders read it, a batch of windows at a time: a CharDataset given

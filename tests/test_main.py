@@ -433,6 +433,23 @@ def test_truncating_a_users_own_text_is_said(text_file, tmp_path, capsys, one_to
     assert "3,000 characters (the first 50% of its 6,000: data_config.truncate)" in result.stdout
 
 
+@pytest.mark.parametrize("settings, evaluation", [
+    ({}, "on all 19 batches per process\n"),  # 599 test samples of 32: within the default's 100
+    ({"trainer_config__eval_batches": 2}, "on 2 of 19 batches per process, a fixed seeded subset "
+                                         "(trainer_config.eval_batches; 0: all)\n"),
+    ({"trainer_config__eval_batches": 2, "data_config__split": "contiguous"},
+     "on 2 of 19 batches per process, windows spread evenly without overlap (trainer_config.eval_batches; "
+     "0: all)\n"),
+], ids=["whole", "subset", "spread"])
+def test_start_up_says_how_many_batches_an_evaluation_takes(text_file, tmp_path, capsys, one_torch_thread,
+                                                           settings, evaluation):
+    result = run_main_in_process(tiny_overrides(text_file, tmp_path / "snap.pt", trainer_config__max_steps=1,
+                                                **settings), capsys)
+    assert_ok(result)
+    assert re.search(r"^Data: .* test samples \(\w+ split\); evaluation every epoch " + re.escape(evaluation),
+                     result.stdout, re.M), result.stdout
+
+
 DIVERGING = {"trainer_config__max_epochs": 2, "optimizer_config__learning_rate": 1e6,
              "trainer_config__grad_norm_clip": 1e9, "trainer_config__log_every": 1}
 

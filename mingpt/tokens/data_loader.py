@@ -133,8 +133,11 @@ def rank_loaders(train: Dataset, test: Optional[Dataset], batch_size: int, grad_
                  eval_batches: int, workers: Optional[int], seed: int, env: DistEnv,
                  signals_for_training: tuple[int, ...]) -> tuple[DataLoader, Optional[DataLoader]]:
     """This rank's training and test loaders. A training batch holds a whole optimizer step
-    (grad_accum_steps micro-batches); the test loader gives the whole test split in order, or a fixed
-    seeded subset of eval_batches batches per rank (the same at every evaluation); none without one."""
+    (grad_accum_steps micro-batches); none for the test split without one. The test loader gives the
+    whole test split in order when it fits in eval_batches batches per rank (or eval_batches is 0);
+    a larger one is bounded to that many, the same at every evaluation: windows spread over it
+    without overlap, where it is consecutive windows of a text (its `spread`), or else a fixed seeded
+    subset of its order."""
     def loader(dataset: Dataset, batch: int, shuffle: bool, limit: Optional[int] = None,
                blocks: Optional[Blocks] = None) -> DataLoader:
         return make_dataloader(dataset, batch, workers, env, shuffle=shuffle, seed=seed, limit=limit,
@@ -145,7 +148,15 @@ def rank_loaders(train: Dataset, test: Optional[Dataset], batch_size: int, grad_
     train_loader = loader(train, batch_size * grad_accum_steps, shuffle=True, blocks=train_blocks)
     if not test:  # none, or empty
         return train_loader, None
-    if not eval_batches:
+    bound = eval_batches * batch_size * env.world_size
+    if not eval_batches or len(test) <= bound:
         return train_loader, loader(test, batch_size, shuffle=False)
-    subset = eval_batches * batch_size * env.world_size
-    return train_loader, loader(test, batch_size, shuffle=True, limit=subset)
+    spread = test.spread(bound) if hasattr(test, "spread") else None
+    if spread is not None:
+        return train_loader, loader(spread, batch_size, shuffle=False)
+    return train_loader, loader(test, batch_size, shuffle=True, limit=bound)
+
+
+def batches_per_rank(num_samples: int, batch_size: int, world_size: int) -> int:
+    """Batches each rank takes in a whole pass over num_samples (the last round filled)."""
+    return -(-(-(-num_samples // world_size)) // batch_size)

@@ -8,16 +8,21 @@ import psutil
 import torch
 from helpers import make_text
 
-from mingpt.char_dataset import CharDataset, DataConfig, inputs_and_targets, split_dataset
+from mingpt.char_dataset import CharDataset, DataConfig, Split, inputs_and_targets, split_dataset
 from mingpt.distributed.process_group import DistEnv
 from mingpt.tokens.data_loader import (
     DEFAULT_WORKERS,
     EPOCH_SEED_STRIDE,
     GlobalOrderSampler,
+    batches_per_rank,
     make_dataloader,
+    rank_loaders,
     usable_workers,
 )
 from mingpt.tokens.permutation import BlockOrder, Blocks
+from mingpt.trainer import TrainerConfig
+
+DEFAULT_EVAL_BATCHES = TrainerConfig().eval_batches
 
 
 def env(rank: int, world_size: int) -> DistEnv:
@@ -162,3 +167,69 @@ def test_a_block_order_is_dealt_as_the_permutation_is_and_reads_the_next_blocks_
     assert warmed[0] == [*first_group, *second_group] and warmed[1] == list(second_group)
     first_blocks = set(np.searchsorted([300, 500, 750, 960], one[:500], side="right"))
     assert first_blocks == set(first_group)  # the first stretch reads the first group's blocks only
+
+
+# ----------------------------------------------------------------------------------- evaluation
+
+def eval_loader(test, batch_size, eval_batches=DEFAULT_EVAL_BATCHES, rank=0, world_size=1):
+    """The Trainer's test loader of rank `rank` (rank_loaders, as Trainer.__init__ calls it)."""
+    _, loader = rank_loaders(test, test, batch_size, 1, eval_batches, workers=0, seed=5,
+                             env=env(rank, world_size), signals_for_training=())
+    return loader
+
+
+def evaluated(test, batch_size, world_size=1, **settings) -> list[int]:
+    """The window starts of one evaluation, in the global order of its ranks' batches."""
+    ranks = []
+    for rank in range(world_size):
+        loader = eval_loader(test, batch_size, rank=rank, world_size=world_size, **settings)
+        ranks.append([loader.dataset.starts(batch).tolist() for batch in loader.sampler])
+    return global_order(ranks)
+
+
+def test_a_large_evaluation_set_is_bounded_by_default_to_windows_spread_without_overlap():
+    """A val_path of 60,000 characters (59,992 windows: 14,998 batches of 4) is evaluated on the
+    default's 100 batches, of windows that do not overlap, from its start to its end; split at random,
+    on a seeded subset of 100 batches."""
+    dataset = CharDataset(make_text(60_000), block_size=8)
+    val = Split(dataset, 0, len(dataset))
+    loader = eval_loader(val, batch_size=4)
+    assert len(loader) == DEFAULT_EVAL_BATCHES == 100 and batches_per_rank(len(val), 4, 1) == 14_998
+    starts = evaluated(val, batch_size=4)
+    assert len(starts) == 400 and min(np.diff(starts)) >= 8
+    assert starts[0] == 0 and starts[-1] > 0.99 * len(dataset)
+    assert torch.equal(next(iter(loader)), dataset.windows(starts[:4]))
+    _, random_test = split_dataset(dataset, DataConfig(path="unused", block_size=8), seed=0)
+    subset = eval_loader(random_test, batch_size=4)
+    assert len(subset) == 100 and subset.dataset is random_test and subset.sampler.shuffle
+
+
+def test_bounded_windows_are_the_same_at_every_evaluation_and_any_world_size():
+    dataset = CharDataset(make_text(20_000), block_size=8)
+    _, test = split_dataset(dataset, DataConfig(path="unused", block_size=8, split="contiguous"), seed=0)
+    one = evaluated(test, batch_size=8, eval_batches=5)
+    two = evaluated(test, batch_size=4, eval_batches=5, world_size=2)  # 40 windows either way
+    assert one == two == evaluated(test, batch_size=8, eval_batches=5)
+    assert len(one) == 40 and min(np.diff(one)) >= 8 and one[0] == int(test.starts(0))
+
+
+def test_a_split_within_the_bound_is_evaluated_whole_in_order_as_before():
+    """The default run's test split is smaller than the bound: every sample, in the split's order,
+    the last round filled from its start, exactly as eval_batches=0 (the old default) evaluates it."""
+    assert 5_565 <= DEFAULT_EVAL_BATCHES * 216  # the default run: 5,565 test samples, 26 batches of 216
+    dataset = CharDataset(make_text(3000), block_size=8)
+    for split in ("random", "contiguous"):
+        _, test = split_dataset(dataset, DataConfig(path="unused", block_size=8, split=split), seed=0)
+        whole = evaluated(test, batch_size=16, world_size=2, eval_batches=0)
+        assert evaluated(test, batch_size=16, world_size=2) == whole
+        starts = test.starts(torch.arange(len(test))).tolist()
+        assert whole == starts + starts[:len(starts) % 2]  # an odd count's last round: its first again
+        assert eval_loader(test, batch_size=16, world_size=2).dataset is test
+
+
+def test_eval_batches_0_evaluates_every_window_however_many():
+    dataset = CharDataset(make_text(60_000), block_size=8)
+    val = Split(dataset, 0, len(dataset))
+    loader = eval_loader(val, batch_size=4, eval_batches=0)
+    assert len(loader) == 14_998 and loader.dataset is val
+    assert evaluated(val, batch_size=64, eval_batches=0) == list(range(len(dataset)))
