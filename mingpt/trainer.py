@@ -20,7 +20,7 @@ from mingpt.common.errors import TrainingDiverged, check, check_choice, check_no
 from mingpt.distributed import control, parallel
 from mingpt.distributed.activation_checkpointing import CHECKPOINTING_MODES, checkpoint_blocks
 from mingpt.distributed.precision import AMP_DTYPES, resolve_precision
-from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, all_reduce_sum, rank_zeros
+from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, all_reduce_sum, first_said
 from mingpt.distributed.stragglers import StepClock
 from mingpt.distributed.watchdog import RunWatchdog
 from mingpt.model import OptimizerConfig, create_optimizer, learning_rate_at, set_learning_rate
@@ -28,7 +28,7 @@ from mingpt.planning.memory import Placement, check_memory, plan_memory
 from mingpt.reporting.metrics import default_metrics_path
 from mingpt.reporting.run_report import ReportSettings, RunReport
 from mingpt.reporting.trackers import TrackerConfig
-from mingpt.storage.checkpointer import SNAPSHOT_FORMATS, Checkpointer, SnapshotPolicy
+from mingpt.storage.checkpointer import LOWER_LEARNING_RATE, SNAPSHOT_FORMATS, Checkpointer, SnapshotPolicy
 from mingpt.storage.snapshot import Snapshot
 from mingpt.tokens.data_loader import rank_loaders
 
@@ -113,6 +113,13 @@ class TrainerConfig:
     with one line naming it and a report beside the snapshots (distributed/watchdog.py); long
     enough for the slowest step, a compilation or an evaluation batch, well under the collective
     timeout below. A rank writing a snapshot is never taken for hung."""
+    loss_spike_ratio: float = 2.0
+    """A step's loss above this many times the mean of the recent healthy losses (an exponential
+    moving average over about 20 steps) is a spike; loss_spike_steps of them in a row stop the run as
+    diverged, like a loss that is not finite (always judged). It then goes back to the newest
+    snapshot that healthy steps followed (docs/snapshots.md). 0: spikes are not judged."""
+    loss_spike_steps: int = 3
+    """How many spiking steps in a row are divergence (a lone spike the run recovers from is not)."""
     process_group_timeout_s: float = DEFAULT_TIMEOUT_S
     """How long a collective waits for the slowest rank before failing the run; it must cover rank
     0 writing a single-file snapshot alone (to S3, minutes for a large model) while the rest wait."""
@@ -120,9 +127,11 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         check_positive(self, "trainer_config", "max_epochs", "batch_size", "grad_accum_steps", "save_every",
                        "grad_norm_clip", "log_every", "keep_last", "progress_interval_s",
-                       "hang_timeout_s", "process_group_timeout_s")
+                       "hang_timeout_s", "process_group_timeout_s", "loss_spike_steps")
         check_not_negative(self, "trainer_config", "save_every_steps", "save_every_minutes", "max_steps",
-                           "eval_every_steps", "eval_batches")
+                           "eval_every_steps", "eval_batches", "loss_spike_ratio")
+        check(self.loss_spike_ratio == 0 or self.loss_spike_ratio > 1, "trainer_config.loss_spike_ratio",
+              f"must be more than 1 (or 0: off), got {self.loss_spike_ratio}")
         if self.data_loader_workers is not None:
             check_not_negative(self, "trainer_config", "data_loader_workers")
         for key, choices in (("snapshot_format", SNAPSHOT_FORMATS), ("distributed_method", parallel.METHODS),
@@ -177,7 +186,9 @@ class Trainer:
             config.grad_accum_steps, config.eval_batches,
             config.data_loader_workers, config.seed, env, control.handled_signals(config.stop_signals))
         self.checkpointer = Checkpointer(config.snapshot_policy(), env, vocab)
-        self.divergence = control.DivergenceWatch(env.device, scaled=self.scaler.is_enabled())
+        self.divergence = control.DivergenceWatch(env.device, scaled=self.scaler.is_enabled(),
+                                                  spike=control.SpikeRule(config.loss_spike_ratio,
+                                                                          config.loss_spike_steps))
         self.watch = RunWatchdog(env.rank, env.world_size, config.hang_timeout_s, self.checkpointer.folder,
                                  self.checkpointer.kept, StepClock(env.device))
         if self.watch.active:  # alone, no rank to compare with: no step is timed
@@ -333,6 +344,7 @@ class Trainer:
                                              diverged_since=self.divergence.diverged_since())
         if decision.diverged_since:
             self._stop_diverged(decision.diverged_since)
+        self.checkpointer.note_health(self.divergence.health())
         if decision.save_failed:
             self.checkpointer.finish()  # raises on every rank
         self._snapshot_if_due(decision)
@@ -352,16 +364,24 @@ class Trainer:
         raise control.RunStopped(decision.stop_signal)
 
     def _stop_diverged(self, since: int) -> None:
-        """Every rank stops at this step, before any snapshot of the ruined weights is taken."""
+        """Every rank stops at this step, before any snapshot of the ruined weights is taken, and the
+        snapshots taken inside the divergence are set aside for the last healthy one."""
         self.checkpointer.finish()  # a save in flight was of finite weights (save() checks them)
-        loss, loss_step = rank_zeros(list(self.divergence.last_finite_loss()))  # as rank 0 logged them
-        loss_step = int(loss_step)
         lr = learning_rate_at(since - 1, self.total_steps, self.optimizer_config)
-        last = f"last finite loss {loss:.4f} at step {loss_step}" if loss_step else "no finite loss before it"
-        raise TrainingDiverged(
-            f"training diverged: the loss is not finite from step {since} (learning rate {lr:.3g}; {last}); "
-            f"stopped without a snapshot, {self.checkpointer.kept()}; resume from it with a lower "
-            "optimizer_config.learning_rate (or a warmup: optimizer_config.warmup_steps)")
+        cause = first_said(self._divergence_cause(since, lr) if self.env.is_main else None)  # rank 0's view
+        advice = LOWER_LEARNING_RATE + ("; a spike that was no divergence: raise trainer_config.loss_spike_ratio "
+                                        "(0: off)" if "spiked" in cause else "")
+        raise TrainingDiverged(f"training diverged: {cause}; stopped, "
+                               f"{self.checkpointer.go_back_to_healthy(advice)}")
+
+    def _divergence_cause(self, since: int, lr: float) -> str:
+        if not self.divergence.spiked():
+            loss, loss_step = self.divergence.last_finite_loss()
+            last = f"last finite loss {loss:.4f} at step {loss_step}" if loss_step else "no finite loss before it"
+            return f"the loss is not finite from step {since} (learning rate {lr:.3g}; {last})"
+        loss, mean = self.divergence.latest_spike()
+        return (f"the loss spiked from step {since} (to {loss:.4g}, {loss / mean:.1f}x its recent mean "
+                f"{mean:.4f}, for {self.config.loss_spike_steps} steps; learning rate {lr:.3g})")
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over a batch of grad_accum_steps micro-batches: its mean loss and the

@@ -462,10 +462,9 @@ def test_a_diverging_run_stops_within_two_steps_and_keeps_its_snapshot(text_file
     result = run_main_in_process(tiny_overrides(text_file, trained_snapshot, **DIVERGING), capsys)
     line = one_error_line(result)
     match = re.fullmatch(r"error: training diverged: the loss is not finite from step (\d+) \(learning rate "
-                         r"1e\+06; last finite loss [\d.]+ at step (\d+)\); stopped without a snapshot, the "
-                         r"last snapshot \(step 169\) is kept as it was: .*snap\.pt; resume from it with a "
-                         r"lower optimizer_config.learning_rate \(or a warmup: "
-                         r"optimizer_config.warmup_steps\)",
+                         r"1e\+06; last finite loss [\d.e+]+ at step (\d+)\); stopped, resume from .*snap\.pt "
+                         r"\(step 169, the newest snapshot healthy steps followed\), with a lower "
+                         r"optimizer_config.learning_rate \(or a warmup: optimizer_config.warmup_steps\)",
                          line)
     assert match, line
     first_bad, last_finite = map(int, match.groups())
@@ -474,19 +473,32 @@ def test_a_diverging_run_stops_within_two_steps_and_keeps_its_snapshot(text_file
     assert "Snapshot saved" not in result.stdout and sha256(trained_snapshot) == before
 
 
-def test_no_snapshot_is_written_with_non_finite_weights_whoever_asks(text_file, trained_snapshot, capsys,
-                                                                      one_torch_thread):
-    """A snapshot due at every step (the timer) before the divergence is agreed on: the save itself
-    refuses non-finite weights."""
-    result = run_main_in_process(tiny_overrides(text_file, trained_snapshot, **DIVERGING,
+@pytest.mark.parametrize("learning_rate, cause", [
+    (1e6, r"the weights are not finite at step \d+ \(training diverged\): not saved"),
+    (3.0, r"training diverged: the loss spiked from step 171 \(to [\d.]+, [\d.]+x its recent mean [\d.]+, "
+          r"for 3 steps; learning rate 3\); stopped"),
+], ids=["non-finite", "spike"])
+def test_a_diverged_run_goes_back_to_its_last_healthy_snapshot(text_file, trained_snapshot, capsys,
+                                                              one_torch_thread, learning_rate, cause):
+    """A snapshot at every step while the run diverges (to NaN weights, or a loss spike of finite
+    values): those written inside the divergence, finite but ruined, are set aside, and the snapshot
+    a resume picks is the last one healthy steps followed, with which the run trains on."""
+    before = sha256(trained_snapshot)
+    diverging = {**DIVERGING, "optimizer_config__learning_rate": learning_rate}
+    result = run_main_in_process(tiny_overrides(text_file, trained_snapshot, **diverging,
                                                 trainer_config__save_every_steps=1), capsys)
     line = one_error_line(result)
-    assert re.fullmatch(r"error: the weights are not finite at step \d+ \(training diverged\): not "
-                        r"saved, the last snapshot \(step \d+\) is kept as it was: .*", line), line
-    state = torch.load(trained_snapshot, weights_only=True)
-    moments = state["optimizer_state"]["state"].values()
-    tensors = [*state["model_state"].values(), *(value for moment in moments for value in moment.values())]
-    assert all(torch.isfinite(tensor).all() for tensor in tensors)
+    assert "Snapshot saved at step 171" in result.stdout  # written before the divergence was seen
+    assert re.fullmatch(rf"error: {cause}[;,] resume from .*snap\.pt \(step 169, the newest snapshot healthy "
+                        r"steps followed\), with a lower optimizer_config.learning_rate .*; set aside so that "
+                        r"no run resumes from them: .*snap\.diverged\.pt", line), line
+    assert sha256(trained_snapshot) == before
+    assert torch.load(trained_snapshot.with_suffix(".diverged.pt"), weights_only=True)["step"] > 169
+    resumed = run_main_in_process(tiny_overrides(text_file, trained_snapshot, trainer_config__max_epochs=2),
+                                  capsys)
+    assert_ok(resumed)
+    assert "Resuming training from snapshot at Epoch 1" in resumed.stdout
+    assert all(loss < 3 for *_, loss in losses(resumed.stdout)), resumed.stdout
 
 
 def test_help_lists_every_key_with_its_default_and_what_it_does():

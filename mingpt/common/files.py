@@ -155,10 +155,31 @@ def numbered_entries(folder_url: str, pattern: re.Pattern,
     return [url for _, url in numbered if complete(url)]
 
 
-def keep_newest(entries: list[str], keep_last: int) -> None:
-    """Remove all but the last keep_last of entries (oldest first), files or folders."""
+def keep_newest(entries: list[str], keep_last: int, also: Optional[str] = None) -> None:
+    """Remove all but the last keep_last of entries (oldest first), files or folders, and `also`."""
     for old in entries[:-keep_last]:
-        remove(old, recursive=True)
+        if old != also:
+            remove(old, recursive=True)
+
+
+def move(url: str, target: str) -> None:
+    """Rename a file to target, replacing it (on this machine at once; on object stores a copy, then
+    the original deleted)."""
+    fs, path = _resolve(url)
+    fs.mv(path, _resolve(target)[1])
+
+
+def keep_a_copy(url: str, target: str) -> None:
+    """target becomes a copy of url, which stays: on this machine a second name for the same file (no
+    bytes copied; replacing url later leaves target as it was), on object stores a copy made there."""
+    fs, path = _resolve(url)
+    copy = _resolve(target)[1]
+    if isinstance(fs, LocalFileSystem):
+        temporary = f"{copy}.tmp-{uuid.uuid4().hex[:8]}"
+        os.link(path, temporary)
+        os.replace(temporary, copy)
+    else:
+        fs.copy(path, copy)
 
 
 def check_writable(folder: str, key: str) -> None:

@@ -13,16 +13,17 @@ epoch it was taken in starts again (`restore_rng()`), so that a run resumed at t
 replays the unbroken run exactly.
 """
 import contextlib
+import threading
 from dataclasses import asdict, dataclass, replace
 from typing import Iterator, Optional, Sequence
 
 import torch
 import torch.nn as nn
 
-from mingpt.common.errors import MinGPTError, SnapshotError, TrainingDiverged
+from mingpt.common.errors import MinGPTError, SnapshotError, TrainingDiverged, short_reason
 from mingpt.common.files import check_writable
 from mingpt.common.logger import log, warn_once
-from mingpt.distributed.control import Decision
+from mingpt.distributed.control import Decision, Health
 from mingpt.distributed.parallel import local_part, unwrap
 from mingpt.distributed.process_group import DistEnv, all_gather_objects, any_rank, first_said, side_group
 from mingpt.storage.background_save import BackgroundSaves
@@ -33,6 +34,8 @@ from mingpt.storage.store import FullStateStore, SnapshotStore
 from mingpt.tokens.tokenizer import Vocabulary
 
 SNAPSHOT_FORMATS = ("single", "sharded")
+RELEASE_WAIT_S = 10.0
+LOWER_LEARNING_RATE = "with a lower optimizer_config.learning_rate (or a warmup: optimizer_config.warmup_steps)"
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,8 @@ class Checkpointer:
         """The snapshot writer of async_snapshots."""
         self.last_saved: Optional[Progress] = None
         """The training position of the last snapshot taken or restored."""
+        self.unconfirmed: list[int] = []
+        """Steps of this run's snapshots not yet followed by a healthy step (note_health)."""
         self._rng_to_restore: Optional[dict] = None
         self.lease = SnapshotLease(policy.path) if env.is_main else None
         """Global rank 0's hold on the snapshot path (lease.py): one run per path."""
@@ -121,9 +126,20 @@ class Checkpointer:
             raise SnapshotError(refusal)
 
     def release(self) -> None:
-        """The run is over (or failing): its lease goes, so the next run takes the path at once."""
-        if self.lease is not None:
-            self.lease.release()
+        """The run is over (or failing): its lease goes, so the next run takes the path at once, and
+        what was kept only for a divergence to go back to goes too. A store that has stopped
+        answering gets RELEASE_WAIT_S (the lease then goes stale; the process must end)."""
+        if self.lease is None:
+            return
+        lease, self.lease = self.lease, None
+        def release_and_tidy() -> None:
+            with contextlib.suppress(Exception):  # the run's own error, if any, is the one to say
+                lease.release()
+                self.store.tidy()
+
+        tidy = threading.Thread(target=release_and_tidy, daemon=True)
+        tidy.start()
+        tidy.join(RELEASE_WAIT_S)
 
     @property
     def folder(self) -> str:
@@ -164,9 +180,8 @@ class Checkpointer:
         is not finite on any rank (the run diverged) is never written, whoever asked for it."""
         self.finish()
         if any_rank(not all_finite(training_tensors(model, optimizer))):
-            raise TrainingDiverged(f"the weights are not finite at {when} (training diverged): not saved, "
-                                   f"{self.kept()}; resume from it with a lower "
-                                   "optimizer_config.learning_rate")
+            raise TrainingDiverged(f"the weights are not finite at {when} (training diverged): not saved; "
+                                   f"{self.go_back_to_healthy(LOWER_LEARNING_RATE)}")
         info = Snapshot(
             **asdict(progress),
             scaler_state=scaler.state_dict(),
@@ -189,6 +204,39 @@ class Checkpointer:
             self.store.save(model, optimizer, info, self.env.is_main)
             log.info(f"Snapshot saved at {when}")
         self.last_saved = replace(progress)
+        self.unconfirmed.append(progress.step)
+
+    def note_health(self, health: Health) -> None:
+        """The run's health as the DivergenceWatch last read it: the newest snapshot that healthy
+        steps followed becomes the one the store keeps for a diverged run to go back to."""
+        followed = [step for step in self.unconfirmed if health.followed_healthily(step)]
+        if followed:
+            self.store.confirm(followed[-1])
+            self.unconfirmed = [step for step in self.unconfirmed if step > followed[-1]]
+
+    def go_back_to_healthy(self, advice: str) -> str:
+        """After divergence (every rank calls it, rank 0 acts): the snapshots written since the newest
+        one healthy steps followed are set aside, so that a resume picks that one; what to do, said
+        as rank 0 found it."""
+        said = None
+        if self.env.is_main:
+            try:
+                said = self._set_aside(advice)
+            except Exception as error:  # the store failed: the run stops all the same
+                said = (f"the snapshots written since the last healthy one could not be set aside "
+                        f"({short_reason(error)}): resume from the newest that healthy steps followed, "
+                        f"{advice}")
+        return first_said(said)
+
+    def _set_aside(self, advice: str) -> str:
+        set_aside = self.store.set_aside()
+        aside = f"; set aside so that no run resumes from them: {', '.join(set_aside.moved)}" \
+            if set_aside.moved else ""
+        if set_aside.resume_from is None:
+            return (f"no snapshot of this run was followed by healthy steps{aside}; the next run on "
+                    f"{self.policy.path} starts afresh, {advice}")
+        return (f"resume from {set_aside.resume_from} (step {self.store.confirmed}, the newest snapshot "
+                f"healthy steps followed), {advice}{aside}")
 
     def kept(self) -> str:
         """What the run leaves to resume from: "the last snapshot (step 300) is kept as it was"."""
@@ -241,6 +289,7 @@ class Checkpointer:
         if snapshot.scaler_state and scaler.is_enabled():
             scaler.load_state_dict(snapshot.scaler_state)
         self.last_saved = snapshot.progress
+        self.store.confirm(snapshot.step)  # where this run starts: the one to go back to
         where = ""
         if snapshot.epoch_samples:
             epoch = snapshot.finished_epoch + 1

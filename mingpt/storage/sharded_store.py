@@ -41,6 +41,8 @@ from mingpt.common.errors import MinGPTError, SnapshotError, short_reason
 from mingpt.distributed.parallel import restore_optimizer_state
 from mingpt.distributed.process_group import barrier
 from mingpt.storage.snapshot import (
+    DIVERGED_INFO,
+    SHARDED_ENTRY,
     SHARDED_INFO,
     Snapshot,
     read_snapshot,
@@ -48,6 +50,7 @@ from mingpt.storage.snapshot import (
     write_error,
     write_snapshot,
 )
+from mingpt.storage.store import SetAside, set_aside_entries
 
 DCP_ERRORS = (Exception, CheckpointException)  # DCP gathers ranks' errors into a BaseException
 _SAFE_MODULES = ("torch.distributed.checkpoint.",)
@@ -176,6 +179,8 @@ class ShardedSnapshotStore:
         self.process_group = process_group
         """The group DCP's planning collectives use; a background save needs one of its own (None:
         the default group, for saves in the training thread)."""
+        self.confirmed: Optional[int] = None
+        """The step of the newest snapshot healthy steps followed: never pruned (store.SnapshotStore)."""
         self._shards_step: Optional[int] = None
         """The step whose shards this store last wrote or restored. A save at the same step (the
         epoch's snapshot right after a step snapshot) rewrites info.pt only: the shards would be
@@ -218,7 +223,24 @@ class ShardedSnapshotStore:
             return
         with _write_errors_reported(target):
             write_snapshot(info, f"{target}/{SHARDED_INFO}")
-            files.keep_newest(self._entries(), self.keep_last)
+            files.keep_newest(self._entries(), self.keep_last, also=self._folder_of(self.confirmed))
+
+    def _folder_of(self, step: Optional[int]) -> Optional[str]:
+        return f"{self.path}/sharded_{step:09d}" if step is not None else None
+
+    def confirm(self, step: int) -> None:
+        self.confirmed = step
+
+    def tidy(self) -> None:
+        files.keep_newest(self._entries(), self.keep_last)
+
+    def set_aside(self) -> SetAside:
+        """A folder newer than the confirmed one loses its info.pt (renamed DIVERGED_INFO): incomplete,
+        no run resumes from it, and no large shard is moved."""
+        return set_aside_entries(self._entries(), SHARDED_ENTRY, self.confirmed,
+                                 lambda folder: f"{folder}/{DIVERGED_INFO}", self._entries,
+                                 move=lambda folder: files.move(f"{folder}/{SHARDED_INFO}",
+                                                                f"{folder}/{DIVERGED_INFO}"))
 
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, model_config: dict,
                 vocab: list[str], tokenizer: str = "") -> tuple[Optional[Snapshot], Optional[str]]:

@@ -37,6 +37,9 @@ SHARDED_ENTRY = re.compile(r"sharded_(\d+)$")
 """A sharded snapshot's folder in a run folder (sharded_store.py writes them)."""
 SHARDED_INFO = "info.pt"
 """Written last into a sharded snapshot's folder: there, the snapshot is complete."""
+DIVERGED_INFO = "diverged_info.pt"
+"""What a sharded snapshot's info.pt is renamed to when the run diverged after it: no run resumes
+from that folder (storage/store.py, SetAside)."""
 OLDER_MODEL_CONFIG = {"activation": "gelu", "vocab_multiple": 1}
 """What a snapshot written before a GPTConfig key was built with: filled in when it is read."""
 
@@ -215,6 +218,16 @@ def list_entries(folder_url: str, pattern: re.Pattern = FOLDER_ENTRY,
     except Exception as e:
         raise SnapshotError(f"cannot list snapshots in {folder_url} ({short_reason(e)}); check {key} "
                             "and its credentials") from None
+
+
+def step_of(url: str, pattern: re.Pattern = FOLDER_ENTRY) -> int:
+    """The step in a snapshot entry's name (snapshot_<step>.pt, sharded_<step>)."""
+    return int(pattern.search(url.rstrip("/")).group(1))
+
+
+def beside(path: str, kind: str) -> str:
+    """A single-file snapshot's sibling: `gpt_snapshot.pt` -> `gpt_snapshot.<kind>.pt`."""
+    return f"{path[: -len('.pt')]}.{kind}.pt"
 
 
 def is_folder(path: str) -> bool:

@@ -138,3 +138,25 @@ def test_a_stop_record_cut_short_is_no_clean_stop(tmp_path):
     (tmp_path / "rank1").write_text("")
     (tmp_path / "rank2").write_text("7\x00")
     assert control.clean_stops(tmp_path) == {0: 75}
+
+
+def test_a_loss_spike_that_lasts_is_divergence_and_one_the_run_recovers_from_is_not():
+    watch = control.DivergenceWatch(torch.device("cpu"), scaled=False, spike=control.SpikeRule(2.0, 3))
+    for step, loss in enumerate([4.0, 3.0, 2.0, 2.0, 2.0, 6.0, 2.1, 2.0], start=1):  # a lone spike at 6
+        observe(watch, step, loss)
+    assert watch.diverged_since() == 0
+    assert watch.health() == control.Health(as_of=7, last_unhealthy=6)
+    assert not watch.health().followed_healthily(5) and watch.health().followed_healthily(6)
+    for step in (9, 10, 11, 12):
+        observe(watch, step, 9.0)  # over 3x the recent mean, for good
+    assert watch.diverged_since() == 9 and watch.spiked()
+    loss, mean = watch.latest_spike()
+    assert loss == 9.0 and 2.0 < mean < 2.7  # the spikes never entered the mean
+
+
+def test_spikes_are_not_judged_when_switched_off_but_non_finite_losses_are():
+    watch = control.DivergenceWatch(torch.device("cpu"), scaled=False, spike=control.SpikeRule(0, 3))
+    for step, loss in enumerate([2.0, 50.0, 60.0, 70.0, 80.0, float("nan"), 1.0], start=1):
+        observe(watch, step, loss)
+    assert watch.diverged_since() == 6 and not watch.spiked()
+    assert watch.last_finite_loss() == (80.0, 5)

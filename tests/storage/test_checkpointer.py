@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mingpt.common.errors import SnapshotError
-from mingpt.distributed.control import Decision
+from mingpt.distributed.control import Decision, Health
 from mingpt.distributed.process_group import DistEnv
 from mingpt.model import GPT, GPTConfig, OptimizerConfig, create_optimizer
 from mingpt.storage.checkpointer import Checkpointer, SnapshotPolicy
@@ -89,3 +89,44 @@ def test_a_snapshot_of_another_vocabulary_padding_resumes_the_same_model(tmp_pat
         assert padded.head.weight.shape[0] == 64 and not padded.head.weight[2:].any()
         torch.testing.assert_close(padded(ids)[0], unpadded(ids)[0])
         torch.testing.assert_close(step(padded, padded_optimizer), step(unpadded, optimizer))
+
+
+@pytest.mark.parametrize("layout", ["file", "folder", "sharded"])
+def test_a_diverged_run_goes_back_to_the_newest_snapshot_healthy_steps_followed(tmp_path, world_of_one, layout):
+    """Snapshots at steps 1, 2 and 3; a healthy step followed step 1's, an unhealthy one step 2's (a
+    spike began). Pruning to keep_last=1 keeps step 1's all the same, and when the run stops as
+    diverged, steps 2 and 3 are set aside: a resume picks step 1's weights."""
+    path = {"file": tmp_path / "snap.pt", "folder": tmp_path / "run", "sharded": tmp_path / "run"}[layout]
+    policy = SnapshotPolicy(path=str(path), keep_last=1,
+                            snapshot_format="sharded" if layout == "sharded" else "single")
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, vocab_size=2, block_size=4))
+    optimizer = create_optimizer(model, OptimizerConfig())
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    saver = Checkpointer(policy, ONE_PROCESS, vocab=list("ab"))
+    for step, health in ((1, Health(as_of=2, last_unhealthy=0)), (2, Health(as_of=3, last_unhealthy=3)),
+                         (3, Health(as_of=3, last_unhealthy=3))):
+        with torch.no_grad():
+            model.head.weight.fill_(step)
+        saver.save(f"step {step}", mid_epoch(step), model, optimizer, scaler)
+        saver.note_health(health)
+    said = saver.go_back_to_healthy("with a lower learning rate")
+    assert said.startswith(f"resume from {path}") and "(step 1, the newest snapshot healthy steps followed)" in said
+    assert "set aside so that no run resumes from them" in said and "\n" not in said
+    assert saver.resume(model, optimizer, scaler) == mid_epoch(1)
+    assert (model.head.weight == 1).all()
+    set_aside = {"file": ["snap.diverged.pt"], "folder": ["diverged_000000003.pt"],
+                 "sharded": ["sharded_000000003/diverged_info.pt"]}[layout]
+    assert all((tmp_path / ("" if layout == "file" else "run") / name).exists() for name in set_aside), \
+        sorted(p.name for p in tmp_path.rglob("*"))
+
+
+def test_a_run_that_diverged_before_any_healthy_snapshot_leaves_none_to_resume(tmp_path, world_of_one):
+    saver = checkpointer(tmp_path)
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, vocab_size=2, block_size=4))
+    optimizer = create_optimizer(model, OptimizerConfig())
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    saver.save("step 1", mid_epoch(1), model, optimizer, scaler)
+    saver.note_health(Health(as_of=2, last_unhealthy=2))
+    said = saver.go_back_to_healthy("with a lower learning rate")
+    assert said.startswith("no snapshot of this run was followed by healthy steps") and "starts afresh" in said
+    assert not (tmp_path / "snap.pt").exists() and (tmp_path / "snap.diverged.pt").exists()
