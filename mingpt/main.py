@@ -36,7 +36,7 @@ from mingpt.char_dataset import (
     split_dataset,
 )
 from mingpt.common import files
-from mingpt.common.errors import MinGPTError, check, command, short_reason
+from mingpt.common.errors import MinGPTError, check, command, say_line, short_reason
 from mingpt.common.field_docs import field_docs
 from mingpt.common.logger import configure_logging, log, warn_once
 from mingpt.distributed.control import INTERRUPT_EXIT_STATUS, RunStopped, record_clean_stop
@@ -206,15 +206,14 @@ def run(cfg: DictConfig) -> int:
         return stop.exit_status
     except KeyboardInterrupt:  # Ctrl-C before training, or a second one during it (control.py)
         if int(os.environ.get("RANK", 0)) == 0:
-            print("Interrupted: quit without a new snapshot (the last complete one is as it was)",
-                  file=sys.stderr, flush=True)
+            say_line("Interrupted: quit without a new snapshot (the last complete one is as it was)")
         return INTERRUPT_EXIT_STATUS
     except (dist.DistError, RuntimeError) as error:
         if not lost_a_peer(error):
             raise
         # Another process died (it reports its own error): say so in one line, not a traceback.
-        print(f"error: [rank {os.environ.get('RANK', 0)}] lost contact with another process "
-              f"({short_reason(error)}); see that process's output", file=sys.stderr, flush=True)
+        say_line(f"error: [rank {os.environ.get('RANK', 0)}] lost contact with another process "
+                 f"({short_reason(error)}); see that process's output")
         return 1
     return 0
 

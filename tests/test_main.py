@@ -232,6 +232,49 @@ def test_unwritable_metrics_folder_of_its_own_fails_cleanly(text_file, tmp_path,
     assert "Epoch 1 |" not in result.stdout
 
 
+class Writes:
+    """A stderr that keeps each write apart: a line must come in one (two ranks' lines interleave
+    between a text's write and its newline's)."""
+
+    def __init__(self):
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+LOST = "[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:29500"
+
+
+@pytest.mark.parametrize("raised, status, said", [
+    (RuntimeError(LOST), 1, f"error: [rank 0] lost contact with another process (RuntimeError: {LOST})"),
+    (KeyboardInterrupt(), 130, "Interrupted: quit without a new snapshot"),
+], ids=["lost-peer", "ctrl-c"])
+def test_a_lost_peer_and_ctrl_c_are_one_line_in_one_write(monkeypatch, raised, status, said):
+    """What run() says when training ends on a collective that lost its peer, or Ctrl-C: one line,
+    written whole; any other error keeps its traceback."""
+    from mingpt import main
+
+    def train(config):
+        raise raised
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(main, "train", train)
+    cfg = main.compose_config()
+    stderr = Writes()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    assert main.run(cfg) == status
+    [line] = stderr.writes
+    assert line.startswith(said) and line.endswith("\n") and line.count("\n") == 1, line
+    raised = RuntimeError("a bug of this rank's own")
+    with pytest.raises(RuntimeError, match="a bug"):
+        main.run(cfg)
+
+
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 
 

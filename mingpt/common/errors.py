@@ -93,7 +93,16 @@ def short_reason(error: BaseException) -> str:
 
 def say_error(error: MinGPTError, origin: str = "") -> None:
     """The one line a user sees: `error: [origin] what is wrong; what to do`."""
-    print(f"error: {origin}{own_line(error)}", file=sys.stderr, flush=True)
+    say_line(f"error: {origin}{own_line(error)}")
+
+
+def say_line(line: str) -> None:
+    """A line on stderr in one write, its newline included. print writes the text, then the newline:
+    unbuffered (PYTHONUNBUFFERED, usual under Slurm and in the tests) those are two writes, and two
+    ranks saying a line at once interleave them ("...beforeerror: [rank 0] ..."). One write of a line
+    (under the pipe's 4 KiB) is never split by another process's."""
+    sys.stderr.write(f"{line}\n")
+    sys.stderr.flush()
 
 
 def own_line(error: MinGPTError) -> str:
