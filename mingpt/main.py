@@ -12,6 +12,7 @@ import dataclasses
 import inspect
 import io
 import os
+import re
 import sys
 import textwrap
 from dataclasses import asdict, dataclass, field, replace
@@ -41,6 +42,7 @@ from mingpt.common.field_docs import field_docs
 from mingpt.common.logger import configure_logging, log, warn_once
 from mingpt.distributed.control import INTERRUPT_EXIT_STATUS, RunStopped, record_clean_stop
 from mingpt.distributed.process_group import (
+    DEFAULT_TIMEOUT_S,
     DistEnv,
     barrier,
     distributed_session,
@@ -209,11 +211,11 @@ def run(cfg: DictConfig) -> int:
             say_line("Interrupted: quit without a new snapshot (the last complete one is as it was)")
         return INTERRUPT_EXIT_STATUS
     except (dist.DistError, RuntimeError) as error:
-        if not lost_a_peer(error):
+        line = peer_trouble(error, cfg)
+        if line is None:
             raise
-        # Another process died (it reports its own error): say so in one line, not a traceback.
-        say_line(f"error: [rank {os.environ.get('RANK', 0)}] lost contact with another process "
-                 f"({short_reason(error)}); see that process's output")
+        # Another process died, or stopped answering: say so in one line, not a traceback.
+        say_line(f"error: [rank {os.environ.get('RANK', 0)}] {line}")
         return 1
     return 0
 
@@ -240,6 +242,33 @@ def check_known_keys(node: DictConfig, prefix: str = "") -> None:
               "it (a leading + adds a key); `python main.py --cfg job` prints every key")
         if dataclasses.is_dataclass(fields[key].type):
             check_known_keys(node[key], f"{prefix}{key}.")
+
+
+def peer_trouble(error: Exception, cfg: DictConfig) -> Optional[str]:
+    """What a failed collective says of the other ranks, or None for an error of this rank's own."""
+    if collective_timed_out(error):
+        timeout = OmegaConf.select(cfg, TIMEOUT_KEY, default=DEFAULT_TIMEOUT_S)
+        return (f"a collective timed out: another process stopped answering for {timeout:g} s "
+                f"({TIMEOUT_KEY}={timeout:g}): it hung, was stopped or fell far behind; see the other "
+                "processes' output and hosts (trainer_config.hang_timeout_s, when shorter, names the "
+                f"rank), or raise {TIMEOUT_KEY} if a step can take that long (rank 0 writing a large "
+                "snapshot alone, say)")
+    if lost_a_peer(error):
+        return f"lost contact with another process ({short_reason(error)}); see that process's output"
+    return None
+
+
+TIMEOUT_KEY = "trainer_config.process_group_timeout_s"
+COLLECTIVE_TIMEOUTS = re.compile(
+    r"Timed out waiting \d+ms for (recv|send) operation"  # gloo
+    r"|Watchdog caught collective operation timeout|timed out in blocking wait")  # NCCL's two modes
+"""How gloo and NCCL say that a collective waited its whole timeout for another rank."""
+
+
+def collective_timed_out(error: Exception) -> bool:
+    """A collective gave up waiting for another rank: gloo's `Timed out waiting 60000ms for recv
+    operation to complete`, NCCL's `Watchdog caught collective operation timeout: ...`."""
+    return COLLECTIVE_TIMEOUTS.search(str(error)) is not None
 
 
 def lost_a_peer(error: Exception) -> bool:

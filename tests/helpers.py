@@ -325,6 +325,38 @@ def one_error_line(result) -> str:
     return lines[0]
 
 
+LAUNCHER_TRACEBACK = re.compile(r"^Traceback \(most recent call last\):\n(?:\s.*\n)+"
+                                r"torch\.distributed\.elastic\.multiprocessing\.errors\.ChildFailedError:.*\n"
+                                r"=+\n(?:.*\n)*?=+$", re.M)
+"""torchrun's own report of a failed worker (its traceback and its table), which the project cannot
+change (README: "torchrun then adds a ChildFailedError block of its own")."""
+
+
+def the_ranks_one_error_line(output: str) -> str:
+    """The one `error:` line the ranks of a failed torchrun run said, with no traceback of theirs
+    (torchrun's own report aside); output: the run's stderr, or its stdout and stderr together."""
+    ours = LAUNCHER_TRACEBACK.sub("", output)
+    assert "Traceback" not in ours, output
+    said = [line for line in ours.splitlines() if line.startswith("error:")]
+    assert len(said) == 1, output
+    return said[0]
+
+
+def rank_exit_status(output: str, rank: int) -> Optional[int]:
+    """A worker's exit status, as torchrun's report of a failed run gives it (None: not reported)."""
+    found = re.search(rf"^\s*rank\s*: {rank} \(local_rank: \d+\)\n\s*exitcode\s*: (-?\d+)", output, re.M)
+    return int(found[1]) if found else None
+
+
+def rank_process(launcher: subprocess.Popen, rank: int) -> psutil.Process:
+    """The worker of a torchrun run with RANK=rank."""
+    for child in psutil.Process(launcher.pid).children(recursive=True):
+        if child.environ().get("RANK") == str(rank) and "TORCHELASTIC_RUN_ID" in child.environ():
+            if child.name() != "pt_data_worker":
+                return child
+    raise AssertionError(f"no rank {rank} under torchrun {launcher.pid}")
+
+
 def check_two_rank_run(result, snapshot) -> None:
     """A tiny 2-rank run finished, with one snapshot writer and rank-0-only progress lines."""
     assert_ok(result)

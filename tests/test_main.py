@@ -247,16 +247,25 @@ class Writes:
         pass
 
 
+GLOO_TIMEOUT = ("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 60000ms for "
+                "recv operation to complete")
+NCCL_TIMEOUT = ("[PG ID 0 PG GUID 0(default_pg) Rank 0] Watchdog caught collective operation timeout: "
+                "WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=60000) ran for "
+                "60008 milliseconds before timing out.")
+TIMED_OUT = ("error: [rank 0] a collective timed out: another process stopped answering for 60 s "
+             "(trainer_config.process_group_timeout_s=60): it hung, was stopped or fell far behind; see ")
 LOST = "[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:29500"
 
 
 @pytest.mark.parametrize("raised, status, said", [
+    (RuntimeError(GLOO_TIMEOUT), 1, TIMED_OUT),
+    (torch.distributed.DistBackendError(NCCL_TIMEOUT), 1, TIMED_OUT),
     (RuntimeError(LOST), 1, f"error: [rank 0] lost contact with another process (RuntimeError: {LOST})"),
     (KeyboardInterrupt(), 130, "Interrupted: quit without a new snapshot"),
-], ids=["lost-peer", "ctrl-c"])
-def test_a_lost_peer_and_ctrl_c_are_one_line_in_one_write(monkeypatch, raised, status, said):
-    """What run() says when training ends on a collective that lost its peer, or Ctrl-C: one line,
-    written whole; any other error keeps its traceback."""
+], ids=["gloo-timeout", "nccl-timeout", "lost-peer", "ctrl-c"])
+def test_a_failed_collective_and_ctrl_c_are_one_line_in_one_write(monkeypatch, raised, status, said):
+    """What run() says when training ends on a collective that timed out (gloo's and NCCL's wording),
+    one that lost its peer, or Ctrl-C: one line, written whole; any other error keeps its traceback."""
     from mingpt import main
 
     def train(config):
@@ -264,7 +273,7 @@ def test_a_lost_peer_and_ctrl_c_are_one_line_in_one_write(monkeypatch, raised, s
 
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.setattr(main, "train", train)
-    cfg = main.compose_config()
+    cfg = main.compose_config(["trainer_config.process_group_timeout_s=60"])
     stderr = Writes()
     monkeypatch.setattr(sys, "stderr", stderr)
     assert main.run(cfg) == status

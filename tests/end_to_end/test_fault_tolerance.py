@@ -23,6 +23,7 @@ from helpers import (
     check_two_rank_run,
     final_state,
     llmc_shards_of,
+    rank_process,
     run,
     run_main_in_process,
     run_with_restarts,
@@ -356,15 +357,6 @@ def two_ranks_with_faults(overrides: list[str]) -> list:
     """torchrun of 2 ranks on this machine, main.py with the faults FAULT and SLOW plant."""
     script = WORKER_SCRIPTS / "fault_injection.py"
     return [*TORCHRUN, "--standalone", "--nproc_per_node=2", script, *overrides]
-
-
-def rank_process(launcher: subprocess.Popen, rank: int) -> psutil.Process:
-    """The worker of a torchrun run with RANK=rank."""
-    for child in psutil.Process(launcher.pid).children(recursive=True):
-        if child.environ().get("RANK") == str(rank) and "TORCHELASTIC_RUN_ID" in child.environ():
-            if child.name() != "pt_data_worker":
-                return child
-    raise AssertionError(f"no rank {rank} under torchrun {launcher.pid}")
 
 
 def test_a_stopped_rank_is_named_in_one_line_and_a_long_save_is_not_a_hang(text_file, tmp_path):
