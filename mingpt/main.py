@@ -49,6 +49,7 @@ from mingpt.distributed.process_group import (
     launched_by_torchrun,
     record_nccl_collectives,
     said_by_local_rank_zero,
+    said_elsewhere,
 )
 from mingpt.model import GPT, GPTConfig, OptimizerConfig
 from mingpt.reporting.trackers import TrackerConfig
@@ -214,8 +215,10 @@ def run(cfg: DictConfig) -> int:
         line = peer_trouble(error, cfg)
         if line is None:
             raise
-        # Another process died, or stopped answering: say so in one line, not a traceback.
-        say_line(f"error: [rank {os.environ.get('RANK', 0)}] {line}")
+        # Another process died, or stopped answering: say so in one line, not a traceback; nothing
+        # when that process has said its own error (the run's one line).
+        if not said_elsewhere(error):
+            say_line(f"error: [rank {os.environ.get('RANK', 0)}] {line}")
         return 1
     return 0
 

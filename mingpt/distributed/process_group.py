@@ -202,6 +202,9 @@ def distributed_session(timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[DistEn
     except MinGPTError as error:
         say_once(error, origin=f"[rank {env.rank}] " if env.rank else "")
         raise
+    except (dist.DistError, RuntimeError) as error:  # most often a lost peer: asked while the store is up
+        error.said_elsewhere = an_error_was_said()
+        raise
     finally:
         # Free what the session built (FSDP keeps tensors referenced by gloo's pending work) while
         # the process group and the interpreter are alive: freed later, at interpreter shutdown,
@@ -212,15 +215,21 @@ def distributed_session(timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[DistEn
 
 SAY_TIMEOUT = timedelta(seconds=10)
 """How long a silent rank waits for the one saying an error before it exits anyway."""
+SPEAKER_GRACE = timedelta(seconds=2)
+"""How long a rank other than 0 leaves rank 0 to claim an error they both meet (the same data, the
+same snapshot: met within milliseconds of each other) before it claims it itself."""
+SAID = "mingpt/said/any"
+"""Set in the store once a rank has said a user's error: the run's one line."""
 
 
 def say_once(error: MinGPTError, origin: str) -> None:
     """Say a user's error that every rank may meet alike (bad data, a damaged snapshot) once.
 
-    The first rank to reach the process group's store (an atomic add on a key of the message) says
-    it and then marks it said; the others wait for that mark before exiting, since a rank that exits
-    first has torchrun stop the rest, the speaker perhaps before it has spoken. No rank waits on a
-    clock. A rank that cannot reach the store says it itself: twice beats never."""
+    Rank 0 says it when it meets it too, as the README promises (and as a one-process run would);
+    an error rank 0 does not meet is said by the first other rank to claim it (speaker_of). The
+    speaker marks it said; the others wait for that mark before exiting, since a rank that exits
+    first has torchrun stop the rest, the speaker perhaps before it has spoken. A rank that cannot
+    reach the store says it itself: twice beats never."""
     error.origin = origin
     if dist.get_world_size() == 1:
         return  # the command's shell says it (errors.command)
@@ -228,17 +237,45 @@ def say_once(error: MinGPTError, origin: str) -> None:
     try:
         store = dist.distributed_c10d._get_default_store()
         store.set_timeout(SAY_TIMEOUT)
-        first = store.add(key, 1) == 1
+        speaking = speaker_of(store, key, dist.get_rank()) == dist.get_rank()
     except Exception:  # the store's host is gone (it failed first): nothing to agree with
         return
-    if first:
+    if speaking:
         say_error(error, origin)
     error.said = True
     with contextlib.suppress(Exception):  # a speaker that has gone has said it, or never will
-        if first:
+        if speaking:
             store.set(f"{key}/said", "1")
+            store.set(SAID, "1")
         else:
             store.wait([f"{key}/said"])
+
+
+def speaker_of(store: dist.Store, key: str, rank: int) -> int:
+    """The rank that says the error of key: rank 0 claims it at once; another rank first leaves
+    rank 0 SPEAKER_GRACE to claim it (a wait only an error rank 0 does not meet runs to its end).
+    One claim wins: compare_set's answer is the winner's number, never taken for a win by a loser."""
+    claim = f"{key}/speaker"
+    if rank != 0:
+        with contextlib.suppress(Exception):  # not claimed in time: this rank claims it
+            store.wait([claim], SPEAKER_GRACE)
+    return int(store.compare_set(claim, "", str(rank)))
+
+
+def an_error_was_said() -> bool:
+    """Whether a rank has said a user's error (say_once); asked by a rank whose collective failed,
+    while its store is still up. That error ended the run: the rank only lost contact with the one
+    that said it, and keeps quiet (said_elsewhere)."""
+    if dist.get_world_size() == 1:
+        return False
+    with contextlib.suppress(Exception):  # the store's host is gone: nobody to ask
+        return dist.distributed_c10d._get_default_store().check([SAID])
+    return False
+
+
+def said_elsewhere(error: BaseException) -> bool:
+    """A failed collective's error after another rank had said a user's error (distributed_session)."""
+    return getattr(error, "said_elsewhere", False)
 
 
 def said_by_local_rank_zero() -> bool:
