@@ -35,6 +35,8 @@ from mingpt.tokens.data_loader import rank_loaders
 __all__ = ["Trainer", "TrainerConfig", "Snapshot"]
 
 MAX_RANKS = 100_000  # spaces per-epoch seeds apart, so no two (epoch, rank) pairs share one
+ASSUMED_MFU = 0.3
+"""A step's time as start-up estimates it, before any is measured: its FLOPs at this share of the peak."""
 
 
 @dataclass
@@ -190,7 +192,7 @@ class Trainer:
                                                   spike=control.SpikeRule(config.loss_spike_ratio,
                                                                           config.loss_spike_steps))
         self.watch = RunWatchdog(env.rank, env.world_size, config.hang_timeout_s, self.checkpointer.folder,
-                                 self.checkpointer.kept, StepClock(env.device))
+                                 self.checkpointer.kept, StepClock(env.device), compiled=config.compile)
         if self.watch.active:  # alone, no rank to compare with: no step is timed
             self.watch.clock.time_arrival_at(parallel.unwrap(self.model).input_parameters())
         """Where this rank is and how long its steps take, for the others to see (its thread runs
@@ -203,6 +205,10 @@ class Trainer:
         self.report = RunReport.open(config.report_settings(), env, self.precision.matmul_dtype,
                                      model.flops_per_token(), self.total_steps, self.progress.step,
                                      self.watch.rank_times)
+        peak = self.report.monitor.peak_flops  # rank 0's, who warns
+        if peak:
+            tokens_per_rank = config.batch_size * config.grad_accum_steps * self.block_size
+            self.watch.check_timeout(model.flops_per_token() * tokens_per_rank / (ASSUMED_MFU * peak))
 
     def _place(self, model: nn.Module) -> None:
         """Check that the training state fits, then wrap the meta-device model for the configured

@@ -39,6 +39,18 @@ class SnapshotError(MinGPTError):
     """A snapshot cannot be read, or belongs to another model or vocabulary."""
 
 
+class StorageError(MinGPTError, OSError):
+    """A file of the run (local, or behind a URL) cannot be read or written: a store gone away, a
+    full disk, revoked credentials. Said as one line naming the file and the cause; an OSError too,
+    so that code that handles a failed file still does."""
+
+    def __init__(self, verb: str, url: str, cause: BaseException):
+        self.reason = short_reason(cause)
+        """The cause in one line, for a caller that says it in a line of its own (naming its key)."""
+        super().__init__(f"could not {verb} {url} ({self.reason}); check the path, its credentials, free "
+                         "space and the network")
+
+
 class TrainingDiverged(MinGPTError):
     """The loss or the weights are no longer finite: the run stops, its last snapshot untouched."""
 
@@ -82,6 +94,8 @@ REASON_CHARACTERS = 160
 def short_reason(error: BaseException) -> str:
     """`Type: first line` of an exception, for one-line messages; a long line ends at its last whole
     sentence that fits (or word, with "..."), never in the middle of a word."""
+    if isinstance(error, StorageError):
+        return error.reason  # the file's own cause, not "could not read ..." twice
     text = str(error).strip()
     line = text.splitlines()[0] if text else ""
     if len(line) > REASON_CHARACTERS:

@@ -1,23 +1,35 @@
 """Where files go: local paths and fsspec URLs (s3://, gs://, memory://, ...) through one door.
 
 The only module of the project that imports fsspec. Everything else names a file by its path or URL
-and calls the functions below, which answer "is this remote?" one way, treat local files alike
-everywhere (folders made, fsync before rename, appends in place) and raise the filesystem's own
-exceptions: the caller knows which config key to name in its one-line error.
+and calls the functions below, which answer "is this remote?" one way and treat local files alike
+everywhere (folders made, fsync before rename, appends in place).
+
+A file that is not there raises FileNotFoundError, which callers take for "none yet". Any other
+failure of a store (a connection refused, a full disk, revoked credentials) is a StorageError: one
+line naming the file and the cause, and an OSError, so a caller that names its config key in a line
+of its own still can; nothing of a store's failure reaches the user as a traceback.
+
+Every read and write under way is a Transfer that the process's watchdog can see: how much it has
+moved, and since when it has not (distributed/watchdog.py names one that has stopped moving).
 """
 import contextlib
 import fcntl
+import functools
 import os
 import posixpath
 import re
+import threading
+import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Callable, Iterator, Optional
+from typing import IO, Any, Callable, Iterator, Optional
 
 import fsspec
+from fsspec.callbacks import Callback
 from fsspec.implementations.local import LocalFileSystem
 
-from mingpt.common.errors import MinGPTError, short_reason
+from mingpt.common.errors import MinGPTError, StorageError, short_reason
 
 CACHE_DIR_ENV = "MINGPT_CACHE_DIR"
 """Overrides the cache folder: token files of remote or read-only sources, the CPU's measured peak."""
@@ -42,6 +54,126 @@ def _resolve(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     return fsspec.core.url_to_fs(url)
 
 
+@dataclass(eq=False)
+class Transfer:
+    """A read or write of one file under way in this process, on any thread."""
+
+    verb: str
+    """What is done to it: read, write, list, ..."""
+    url: str
+    done: int = 0
+    """Bytes moved so far (where the store tells)."""
+    moved_at: float = field(default_factory=time.monotonic)
+    """When bytes last moved (or it started)."""
+
+    def advance(self, count: int) -> None:
+        self.done += count
+        self.moved_at = time.monotonic()
+
+    def describe(self, now: float) -> str:
+        """'write of s3://b/snap.pt has not moved for 62 s (12.6 MB written)'."""
+        moved = f" ({self.done / 1e6:.1f} MB {'written' if self.verb == 'write' else 'moved'})" if self.done else ""
+        return f"{self.verb} of {self.url} has not moved for {now - self.moved_at:.0f} s{moved}"
+
+
+_under_way: set[Transfer] = set()
+_under_way_lock = threading.Lock()
+STORE_LIBRARIES = ("botocore", "aiobotocore", "aiohttp", "s3fs", "fsspec", "gcsfs", "adlfs", "urllib3",
+                   "requests", "http")
+"""Where a store's own exceptions come from (besides OSError): what a StorageError stands for."""
+
+
+def stalled_transfer(after_s: float) -> Optional[Transfer]:
+    """The transfer under way in this process that has not moved for longest, if that is over after_s."""
+    now = time.monotonic()
+    with _under_way_lock:
+        oldest = min(_under_way, key=lambda transfer: transfer.moved_at, default=None)
+    return oldest if oldest is not None and now - oldest.moved_at > after_s else None
+
+
+@contextlib.contextmanager
+def transfer(verb: str, url: str) -> Iterator[Transfer]:
+    """A transfer under way while inside; a store's failure in it raised as one StorageError."""
+    under_way = Transfer(verb, url)
+    with _under_way_lock:
+        _under_way.add(under_way)
+    try:
+        yield under_way
+    except (FileNotFoundError, MinGPTError):
+        raise
+    except Exception as error:
+        if not _from_a_store(error):
+            raise  # a bug of the caller's, with its traceback
+        raise StorageError(verb, url, error) from None
+    finally:
+        with _under_way_lock:
+            _under_way.discard(under_way)
+
+
+def _from_a_store(error: BaseException) -> bool:
+    return isinstance(error, OSError) or type(error).__module__.split(".")[0] in STORE_LIBRARIES
+
+
+def _one_transfer(verb: str) -> Callable:
+    """The function, whose first argument is a file's URL, as one transfer of it."""
+    def decorate(function: Callable) -> Callable:
+        @functools.wraps(function)
+        def in_transfer(url: str, *args, **kwargs) -> Any:
+            with transfer(verb, url):
+                return function(url, *args, **kwargs)
+        return in_transfer
+    return decorate
+
+
+WRITE_PIECE = 8 << 20
+"""A large write goes to the file in pieces of this many bytes, so that its transfer moves as each
+lands (an object store uploads a part inside a write that fills its buffer)."""
+
+
+class _Counted:
+    """A file being written, whose written bytes move its transfer."""
+
+    def __init__(self, file: IO[bytes], under_way: Transfer):
+        self._file, self._under_way = file, under_way
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        for start in range(0, len(view), WRITE_PIECE):
+            piece = view[start:start + WRITE_PIECE]
+            self._file.write(piece)
+            self._under_way.advance(len(piece))
+        return len(view)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._file, name)
+
+
+def watched_streams(create_stream: Callable) -> Callable:
+    """torch.distributed.checkpoint's create_stream(path, mode), the files it writes made transfers the
+    watchdog sees (a sharded snapshot's shards), their failures StorageErrors."""
+    @contextlib.contextmanager
+    def create(path, mode: str) -> Iterator[Any]:
+        with create_stream(path, mode) as stream:
+            if "w" not in mode:
+                yield stream
+                return
+            with transfer("write", str(path)) as under_way:
+                yield _Counted(stream, under_way)
+    return create
+
+
+class _Progress(Callback):
+    """fsspec's progress callback, moving a transfer as a download goes."""
+
+    def __init__(self, under_way: Transfer):
+        super().__init__()
+        self._under_way = under_way
+
+    def relative_update(self, inc: int = 1) -> None:
+        super().relative_update(inc)
+        self._under_way.advance(inc)
+
+
 def _make_folder(fs: fsspec.AbstractFileSystem, folder: str) -> None:
     """Create a local folder. Object stores have no folders, and s3fs's makedirs would create a
     missing *bucket*: a typo in a bucket name must fail, not make a new bucket."""
@@ -49,28 +181,33 @@ def _make_folder(fs: fsspec.AbstractFileSystem, folder: str) -> None:
         fs.makedirs(folder, exist_ok=True)
 
 
+@_one_transfer("look for")
 def exists(url: str) -> bool:
     fs, path = _resolve(url)
     return fs.exists(path)
 
 
+@_one_transfer("look for")
 def is_file(url: str) -> bool:
     fs, path = _resolve(url)
     return fs.isfile(path)
 
 
+@_one_transfer("look up")
 def info(url: str) -> dict:
     """The filesystem's description of a file: size, and versions such as ETag or mtime."""
     fs, path = _resolve(url)
     return fs.info(path)
 
 
+@_one_transfer("list")
 def glob(url: str) -> list[str]:
     """The files a glob names, as URLs of their filesystem, sorted."""
     fs, path = _resolve(url)
     return sorted(fs.unstrip_protocol(found) for found in fs.glob(path) if fs.isfile(found))
 
 
+@_one_transfer("read")
 def read_range(url: str, start: int, end: int) -> bytes:
     """Bytes start..end of a file (fewer at its end), in one request."""
     fs, path = _resolve(url)
@@ -80,9 +217,11 @@ def read_range(url: str, start: int, end: int) -> bytes:
 def download(url: str, local: Path) -> None:
     """A remote file's bytes into a local file, streamed (never whole in memory)."""
     fs, path = _resolve(url)
-    fs.get_file(path, str(local))
+    with transfer("read", url) as under_way:
+        fs.get_file(path, str(local), callback=_Progress(under_way))
 
 
+@_one_transfer("read")
 def read_bytes(url: str) -> bytes:
     """A whole file, in one request (much faster than a file object on an object store)."""
     fs, path = _resolve(url)
@@ -94,6 +233,7 @@ def open_file(url: str, mode: str = "rb") -> fsspec.core.OpenFile:
     return fsspec.open(url, mode)
 
 
+@_one_transfer("append to")
 def append_text(url: str, text: str) -> None:
     """Append to a local file in place (an object store cannot append: metrics.py keeps a local
     copy of a remote file and uploads it whole now and then)."""
@@ -111,17 +251,18 @@ def write_atomically(url: str, write: Callable[[IO[bytes]], None]) -> None:
     temporary is removed and the old file is as it was."""
     fs, target = _resolve(url)
     temporary = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        _make_folder(fs, fs._parent(target))
-        with fs.open(temporary, "wb") as f:
-            write(f)
-            if isinstance(fs, LocalFileSystem):
-                f.flush()
-                os.fsync(f.fileno())  # the rename below must not expose unwritten blocks
-        fs.mv(temporary, target)  # on object stores: copied, then the temporary deleted
-    except BaseException:
-        _remove_quietly(fs, temporary)
-        raise
+    with transfer("write", url) as under_way:
+        try:
+            _make_folder(fs, fs._parent(target))
+            with fs.open(temporary, "wb") as f:
+                write(_Counted(f, under_way))
+                if isinstance(fs, LocalFileSystem):
+                    f.flush()
+                    os.fsync(f.fileno())  # the rename below must not expose unwritten blocks
+            fs.mv(temporary, target)  # on object stores: copied, then the temporary deleted
+        except BaseException:
+            _remove_quietly(fs, temporary)
+            raise
 
 
 def _remove_quietly(fs: fsspec.AbstractFileSystem, path: str) -> None:
@@ -132,6 +273,7 @@ def _remove_quietly(fs: fsspec.AbstractFileSystem, path: str) -> None:
         pass
 
 
+@_one_transfer("remove")
 def remove(url: str, recursive: bool = False) -> None:
     fs, path = _resolve(url)
     fs.rm(path, recursive=recursive)
@@ -147,7 +289,8 @@ def numbered_entries(folder_url: str, pattern: re.Pattern,
     """
     fs, folder = _resolve(folder_url.rstrip("/"))
     try:
-        names = [name.rstrip("/") for name in fs.ls(folder, detail=False)]
+        with transfer("list", folder_url):
+            names = [name.rstrip("/") for name in fs.ls(folder, detail=False)]
     except FileNotFoundError:
         return []
     prefix = folder_url.split("://")[0] + "://" if "://" in folder_url else ""
@@ -162,6 +305,7 @@ def keep_newest(entries: list[str], keep_last: int, also: Optional[str] = None) 
             remove(old, recursive=True)
 
 
+@_one_transfer("move")
 def move(url: str, target: str) -> None:
     """Rename a file to target, replacing it (on this machine at once; on object stores a copy, then
     the original deleted)."""
@@ -169,6 +313,7 @@ def move(url: str, target: str) -> None:
     fs.mv(path, _resolve(target)[1])
 
 
+@_one_transfer("copy")
 def keep_a_copy(url: str, target: str) -> None:
     """target becomes a copy of url, which stays: on this machine a second name for the same file (no
     bytes copied; replacing url later leaves target as it was), on object stores a copy made there."""

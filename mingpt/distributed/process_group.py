@@ -262,6 +262,15 @@ def speaker_of(store: dist.Store, key: str, rank: int) -> int:
     return int(store.compare_set(claim, "", str(rank)))
 
 
+def mark_said() -> None:
+    """Mark the run's one line said (by a rank that ends the run itself: the watchdog), so that the
+    ranks that then lose contact with it keep quiet."""
+    with contextlib.suppress(Exception):  # no process group, or its store gone: nobody to tell
+        store = dist.distributed_c10d._get_default_store()
+        store.set_timeout(SAY_TIMEOUT)
+        store.set(SAID, "1")
+
+
 def an_error_was_said() -> bool:
     """Whether a rank has said a user's error (say_once); asked by a rank whose collective failed,
     while its store is still up. That error ended the run: the rank only lost contact with the one

@@ -16,7 +16,20 @@ first rank writes `hang_report.txt` beside the snapshots and says the one line; 
 exits with status 1, so torchrun, launch.py and Slurm see a failed run (and an elastic torchrun
 restarts it from the last snapshot). A rank whose launcher has died (its parent process changed,
 or the store stopped answering) ends itself the same way instead of training on as an orphan.
+
+Not moving is not always hanging. A rank compiling (torch.compile's first steps, minutes on a CPU)
+posts the phase "compile" and, like one writing a snapshot, is never taken for stuck. On a CPU a rank
+whose process keeps its cores busy is computing: when every rank is, none is stuck (a step longer
+than the timeout); a rank waiting in a collective is idle. (On a GPU the host may spin while it
+waits, so there only compilation is told apart.)
+
+A store that stops moving is named too, in any run, a single process included: every read and write
+of the run's files is a transfer (common/files.py), and one whose bytes have not moved for
+hang_timeout_s (a snapshot or metrics upload to an S3 that stopped answering, a stale NFS mount)
+ends the run in one line naming the rank, the file and how much was written, long before the
+collective timeout; the snapshot before it is whole (writes are atomic).
 """
+import contextlib
 import json
 import os
 import socket
@@ -31,13 +44,21 @@ from typing import Callable, Optional
 import torch.distributed as dist
 
 from mingpt.common import files
+from mingpt.common.errors import say_line
+from mingpt.common.logger import warn_once
+from mingpt.distributed.process_group import mark_said
 from mingpt.distributed.stragglers import StepClock, StepTimes
 
-PHASES = ("data", "forward", "backward", "optimizer", "snapshot", "evaluation")
+PHASES = ("data", "compile", "forward", "backward", "optimizer", "snapshot", "evaluation")
 """In the order a step meets them: a step's data to its optimizer step, then what follows the step."""
-NEVER_STUCK = ("snapshot",)
-WORDS = {"data": "data loading", "forward": "forward pass", "backward": "backward pass (gradient sync)",
-         "optimizer": "optimizer step", "snapshot": "snapshot", "evaluation": "evaluation"}
+NEVER_STUCK = ("snapshot", "compile")
+"""Phases a rank may spend long in without moving: its transfers are watched instead (snapshot), or
+it is busy by definition (compile)."""
+WORDS = {"data": "data loading", "compile": "compilation", "forward": "forward pass",
+         "backward": "backward pass (gradient sync)", "optimizer": "optimizer step", "snapshot": "snapshot",
+         "evaluation": "evaluation"}
+BUSY_SHARE = 0.5
+"""A process that used at least this share of one core's time since its last post is computing."""
 KEY = "mingpt/watch"
 REPORT = "hang_report.txt"
 STACKS_WAIT_S = 5.0
@@ -70,6 +91,10 @@ class Seen:
     moved_at: float
     times: StepTimes = StepTimes()
     """Its running step times (stragglers.py)."""
+    cpu_s: float = 0.0
+    """Its process's CPU time at its last post."""
+    busy: bool = False
+    """Whether it computed between its last two posts (a CPU rank's CPU time grew; BUSY_SHARE)."""
 
 
 def hang_verdict(seen: dict[int, Seen], now: float, timeout_s: float) -> Optional[str]:
@@ -82,6 +107,8 @@ def hang_verdict(seen: dict[int, Seen], now: float, timeout_s: float) -> Optiona
     still = now - max(s.moved_at for s in seen.values())
     if still <= timeout_s or any(s.position.phase in NEVER_STUCK for s in seen.values()):
         return None
+    if all(s.busy for s in seen.values()):
+        return None  # every rank computing: a long step, no collective that hangs
     last = max(s.position.order() for s in seen.values())
     behind = sorted(rank for rank, s in seen.items() if s.position.order() < last)
     if behind:
@@ -105,9 +132,16 @@ class RunWatchdog:
     """One rank's watch over the run (a context: the thread runs inside it)."""
 
     def __init__(self, rank: int, world_size: int, timeout_s: float, report_folder: str,
-                 kept: Callable[[], str], clock: StepClock):
+                 kept: Callable[[], str], clock: StepClock, compiled: bool = False):
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
         self.clock = clock
+        self.on_cpu = not clock.on_cuda
+        """Whether a busy process means a computing rank (BUSY_SHARE)."""
+        self._compiling = 0
+        """torch.compile's compilations under way (its callbacks, when the model is compiled)."""
+        self._before_compiling = Position()
+        if compiled:
+            watch_compilation(self._compilation_starts, self._compilation_ends)
         """This rank's step times, kept by at() and posted with its position (when active)."""
         self.seen: dict[int, Seen] = {}
         """Every rank as this rank's thread last read them (once all have posted)."""
@@ -126,6 +160,26 @@ class RunWatchdog:
         # Keys of this attempt: an elastic restart keeps torchrun's store, and must not meet the
         # verdict that ended the attempt before it.
         self._key = f"{KEY}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+    def _compilation_starts(self, *args) -> None:
+        if self._compiling == 0:
+            self._before_compiling = self.position
+            self.position = Position(self.position.step, "compile")
+        self._compiling += 1
+
+    def _compilation_ends(self, *args) -> None:
+        self._compiling = max(self._compiling - 1, 0)
+        if self._compiling == 0 and self.position.phase == "compile":
+            self.position = self._before_compiling
+
+    def check_timeout(self, step_estimate_s: float) -> None:
+        """Warn at start-up when a step may well take longer than hang_timeout_s (while a rank computes
+        a step, another that waits for it in a collective has not moved)."""
+        if self.active and step_estimate_s * 2 > self.timeout_s:
+            warn_once(f"trainer_config.hang_timeout_s={self.timeout_s:g} is shorter than twice this run's "
+                      f"estimated step (about {step_estimate_s:.0f} s, before any is measured): a rank "
+                      "computing a step that long while another waits for it would be taken for hung; raise "
+                      "it (compilation is watched as a phase of its own, never taken for a hang)")
 
     def at(self, phase: str, step: int, item: int = 0) -> None:
         """The training thread's position: phase of step (IN_STEP phases: the step being taken)."""
@@ -149,8 +203,8 @@ class RunWatchdog:
             self._store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                                         is_master=False, timeout=timedelta(seconds=self.interval_s * 2),
                                         wait_for_workers=False)
-            self._thread = threading.Thread(target=self._watch, name="mingpt-watchdog", daemon=True)
-            self._thread.start()
+        self._thread = threading.Thread(target=self._watch, name="mingpt-watchdog", daemon=True)
+        self._thread.start()
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -159,13 +213,19 @@ class RunWatchdog:
     def _watch(self) -> None:
         heartbeat, unanswered_since = 0, None
         while not self._stop.wait(self.interval_s):
+            stalled = files.stalled_transfer(self.timeout_s)
+            if not self.active:  # alone: only this process's files to watch
+                if stalled is not None:
+                    self._end(f"{self._stall_line(stalled)}; {self.kept()}")
+                continue
             if os.getppid() != self._parent:
                 self._end(f"[rank {self.rank}] its launcher (pid {self._parent}) has gone: this rank ends "
                           f"instead of training on alone; {self.kept()}")
             try:
                 heartbeat += 1
                 self._post(heartbeat)
-                verdict = self._verdict_posted() or self._judge()
+                found = self._claimed(self._stall_line(stalled)) if stalled is not None else self._judge()
+                verdict = self._verdict_posted() or found
                 unanswered_since = None
             except (RuntimeError, OSError, dist.DistStoreError) as error:
                 unanswered_since = unanswered_since or time.monotonic()
@@ -177,11 +237,17 @@ class RunWatchdog:
             if verdict:
                 self._report(verdict)
 
+    def _stall_line(self, stalled: files.Transfer) -> str:
+        return (f"rank {self.rank} (host {socket.gethostname()}, pid {os.getpid()}): its "
+                f"{stalled.describe(time.monotonic())}; the store stopped answering (a lost connection, "
+                "a stale mount, a saturated link)")
+
     def _post(self, heartbeat: int) -> None:
         position, times = self.position, self.clock.times
+        cpu_s = sum(os.times()[:2])
         self._store.set(f"{self._key}/{self.rank}", json.dumps(
             [heartbeat, position.step, position.phase, position.item, socket.gethostname(), os.getpid(),
-             times.steps, times.data_s, times.compute_s]))
+             cpu_s, times.steps, times.data_s, times.compute_s]))
 
     def _judge(self) -> Optional[str]:
         keys = [f"{self._key}/{rank}" for rank in range(self.world_size)]
@@ -189,17 +255,22 @@ class RunWatchdog:
             return None  # not every rank has started watching yet
         now, seen = time.monotonic(), self.seen
         for rank, raw in enumerate(self._store.multi_get(keys)):
-            heartbeat, step, phase, item, host, pid, *times = json.loads(raw)
+            heartbeat, step, phase, item, host, pid, cpu_s, *times = json.loads(raw)
             position, before = Position(step, phase, item), seen.get(rank)
             if before is None:
-                seen[rank] = Seen(position, heartbeat, host, pid, now, now, StepTimes(*times))
+                seen[rank] = Seen(position, heartbeat, host, pid, now, now, StepTimes(*times), cpu_s)
                 continue
             before.times = StepTimes(*times)
             if heartbeat != before.heartbeat:
-                before.heartbeat, before.heard_at = heartbeat, now
+                busy_s = (now - before.heard_at) * BUSY_SHARE
+                before.busy = self.on_cpu and cpu_s - before.cpu_s >= busy_s
+                before.heartbeat, before.heard_at, before.cpu_s = heartbeat, now, cpu_s
             if position != before.position:
                 before.position, before.moved_at = position, now
-        verdict = hang_verdict(seen, now, self.timeout_s)
+        return self._claimed(hang_verdict(seen, now, self.timeout_s))
+
+    def _claimed(self, verdict: Optional[str]) -> Optional[str]:
+        """The verdict, if this rank is the first to post one (it then reports); None otherwise."""
         if not verdict:
             return None
         # Claimed with this rank's number: two ranks that see the same sentence at once must not
@@ -228,19 +299,48 @@ class RunWatchdog:
                   if self._store.check([key])}
         report = f"{self.report_folder.rstrip('/')}/{REPORT}"
         text = f"{verdict}\n\n" + "\n".join(f"== rank {rank} ==\n{stack}" for rank, stack in stacks.items())
-        try:
-            files.write_atomically(report, lambda f: f.write(text.encode()))
-            where = f"; each rank's position and stacks: {report}"
-        except Exception as error:  # the report is a help; the line is the verdict
-            where = f" (no report: {type(error).__name__})"
+        where = write_report(report, text)
         self._store.set(f"{self._key}/reported", "1")
         self._end(f"{verdict}; {self.kept()}{where}")
 
     def _end(self, line: str) -> None:
         """Say it and end this process now: its training thread may be blocked in a collective."""
-        print(f"error: {line}", file=sys.stderr, flush=True)
+        if self.active:
+            mark_said()  # the ranks that lose contact with this one keep quiet
         sys.stdout.flush()
+        say_line(f"error: {line}")
         os._exit(1)
+
+
+REPORT_WAIT_S = 5.0
+"""How long the report may take to write: its folder may be on the store that stopped answering."""
+
+
+def write_report(report: str, text: str) -> str:
+    """Write the hang report, within REPORT_WAIT_S; what the line says of it."""
+    outcome: list[str] = []
+
+    def write() -> None:
+        try:
+            files.write_atomically(report, lambda f: f.write(text.encode()))
+            outcome.append(f"; each rank's position and stacks: {report}")
+        except Exception as error:  # the report is a help; the line is the verdict
+            outcome.append(f" (no report: {type(error).__name__})")
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    writer.join(REPORT_WAIT_S)
+    return outcome[0] if outcome else f" (no report: {report} did not answer)"
+
+
+def watch_compilation(starts: Callable[..., None], ends: Callable[..., None]) -> None:
+    """Have torch.compile call starts and ends around each compilation (torch._dynamo's callbacks; a
+    torch without them leaves compilation a phase like any other)."""
+    from torch._dynamo.callback import callback_handler  # loaded only for a compiled model
+
+    with contextlib.suppress(AttributeError):
+        callback_handler.register_start_callback(starts)
+        callback_handler.register_end_callback(ends)
 
 
 def python_stacks() -> str:

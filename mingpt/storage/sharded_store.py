@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn as nn
-from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+from torch.distributed.checkpoint import FileSystemWriter, StorageWriter
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
@@ -122,6 +123,14 @@ def _write_errors_reported(target: str):
         raise write_error(target, e, _reason) from None
 
 
+def _watched_writer(target: str) -> StorageWriter:
+    """DCP's writer for target (local, or any fsspec URL), each file it writes a transfer the watchdog
+    sees: a shard whose bytes stop moving is named like any snapshot write (common/files.py)."""
+    writer = FsspecWriter(target) if files.is_remote(target) else FileSystemWriter(target)
+    writer.fs.create_stream = files.watched_streams(writer.fs.create_stream)
+    return writer
+
+
 def _sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, list]:
     """This rank's tensors (DTensor shards under FSDP, whole tensors under DDP) by parameter name,
     and the optimizer's param_groups (plain values, kept in info.pt: DCP would pickle them)."""
@@ -214,7 +223,7 @@ class ShardedSnapshotStore:
         (each rank's write result is gathered there before .metadata is written), so rank 0 can
         then write info.pt, which marks the folder complete."""
         with _write_errors_reported(target):
-            dcp.save(tensors, checkpoint_id=target, process_group=self.process_group)
+            dcp.save(tensors, storage_writer=_watched_writer(target), process_group=self.process_group)
         self._complete(target, info, is_main)
 
     def _complete(self, target: str, info: Snapshot, is_main: bool) -> None:

@@ -49,3 +49,40 @@ def test_a_rank_seen_behind_just_after_a_long_wait_is_not_stuck():
     far behind and long unmoved, but rank 0 moves, so nothing is stuck (this once ended a good run)."""
     ranks = {0: seen(24, "optimizer", moved_at=100), 1: seen(11, "backward", moved_at=92)}
     assert hang_verdict(ranks, now=100.0, timeout_s=4.0) is None
+
+
+def test_ranks_that_all_compute_or_one_that_compiles_are_not_stuck():
+    """A step longer than the timeout on CPU ranks that all keep their cores busy is no collective that
+    hangs; nor is a rank compiling (torch.compile's first step, minutes on a CPU). An idle rank behind
+    busy ones is still named."""
+    busy = {rank: seen(7, "forward", moved_at=0) for rank in (0, 1)}
+    for rank in busy.values():
+        rank.busy = True
+    assert hang_verdict(busy, now=100.0, timeout_s=TIMEOUT) is None
+    compiling = {0: seen(1, "compile", moved_at=0), 1: seen(1, "backward", moved_at=0)}
+    assert hang_verdict(compiling, now=100.0, timeout_s=TIMEOUT) is None
+    busy[1] = seen(6, "data", moved_at=0)
+    assert hang_verdict(busy, now=100.0, timeout_s=TIMEOUT).startswith("rank 1 (host node1, pid 4242) has not moved")
+
+
+def test_torch_compile_s_compilation_is_posted_as_a_phase_of_its_own():
+    """torch.compile's callbacks put the rank in the compile phase while it compiles (a backend that
+    looks at the position stands in for inductor), and back where it was once done."""
+    import torch
+
+    from mingpt.distributed.stragglers import StepClock
+    from mingpt.distributed.watchdog import RunWatchdog
+
+    torch._dynamo.reset()  # (it clears the callbacks too)
+    watch = RunWatchdog(0, 1, TIMEOUT, ".", lambda: "", StepClock(torch.device("cpu")), compiled=True)
+    watch.at("forward", 3)
+    phases = []
+
+    def looking_backend(graph, inputs):
+        phases.append(watch.position.phase)
+        return graph.forward
+
+    compiled = torch.compile(lambda x: x * 2 + 1, backend=looking_backend)
+    assert compiled(torch.ones(3)).tolist() == [3.0, 3.0, 3.0]
+    assert phases == ["compile"] and watch.position == Position(3, "forward")
+    torch._dynamo.reset()

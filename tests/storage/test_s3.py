@@ -4,13 +4,27 @@ import io
 import json
 import os
 import signal
+import re
 import subprocess
 import sys
+import time
 
 import fsspec
 import pytest
 import torch
-from helpers import assert_ok, llmc_shards_of, one_error_line, run_main, run_main_in_process, tiny_overrides
+from helpers import (
+    MAIN,
+    TORCHRUN,
+    assert_ok,
+    kill_tree,
+    llmc_shards_of,
+    one_error_line,
+    run_main,
+    run_main_in_process,
+    start_until,
+    the_ranks_one_error_line,
+    tiny_overrides,
+)
 
 from mingpt.common import files
 from mingpt.reporting.metrics import local_copy_of, read_metrics
@@ -182,3 +196,73 @@ def test_unusable_s3_data_is_one_line(text_file, s3, tmp_path, monkeypatch, caps
     line = one_error_line(result)
     assert line.startswith(f"error: data_config.path: cannot read {url} ("), line
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def link(s3):
+    """A link between the run and the S3 server that the test cuts or freezes (tests/flaky_link.py)."""
+    from urllib.parse import urlsplit
+
+    from flaky_link import FlakyLink
+
+    upstream = urlsplit(s3.endpoint)
+    link = FlakyLink((upstream.hostname, upstream.port))
+    yield link
+    link.heal()
+
+
+def train_through(link, s3, path: str, nproc: int = 1, **settings):
+    """A long run saving to path every 10 steps through link; returns it once step 10 is saved."""
+    overrides = tiny_overrides("data/input.txt", path, trainer_config__max_epochs=50,
+                               trainer_config__save_every_steps=10, data_config__truncate=0.05, **settings)
+    launcher = [sys.executable] if nproc == 1 else [*TORCHRUN, "--standalone", f"--nproc_per_node={nproc}"]
+    return start_until([*launcher, MAIN, *overrides], "Snapshot saved at step 10",
+                       s3.env(AWS_ENDPOINT_URL=link.endpoint))
+
+
+def test_s3_going_away_mid_run_is_one_line_and_keeps_the_snapshot(s3, s3_fs, link):
+    """The connection to S3 is cut mid-run (the server or its host gone): whatever write of the
+    run's files meets it first (the metrics' upload, the snapshot's, the lease's) says one line
+    naming its URL, exit status 1, in bounded time; the snapshot on S3 is a whole one."""
+    url = f"s3://{s3.bucket}/gone/snap.pt"
+    run, seen = train_through(link, s3, url)
+    try:
+        link.cut()
+        cut_at = time.monotonic()
+        rest, _ = run.communicate(timeout=180)
+    finally:
+        kill_tree(run)
+    output = "".join(seen) + rest
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert run.returncode == 1 and len(errors) == 1 and "Traceback" not in output, output
+    assert re.match(rf"error: could not write s3://{s3.bucket}/gone/\S+ \(\w+", errors[0]) \
+        or f"s3://{s3.bucket}/gone/" in errors[0], errors[0]
+    assert time.monotonic() - cut_at < 90
+    link.heal()
+    s3_fs.invalidate_cache()
+    assert load_object(s3_fs, url)["step"] % 10 == 0  # a whole snapshot of a save that completed
+
+
+def test_s3_that_stops_answering_mid_save_is_named_by_the_rank_that_waits(s3, s3_fs, link):
+    """The connection is frozen (the server stops answering, the connection stays open) on 2 ranks:
+    rank 0's next write of the run's files does not move, and within hang_timeout_s and a few
+    heartbeats one line names the rank, the file and how much was written, and the snapshot kept;
+    exit status 1, long before the collective timeout. The snapshot on S3 is the one named."""
+    url = f"s3://{s3.bucket}/frozen/snap.pt"
+    run, seen = train_through(link, s3, url, nproc=2, trainer_config__hang_timeout_s=4)
+    try:
+        link.freeze()
+        frozen_at = time.monotonic()
+        rest, _ = run.communicate(timeout=120)
+    finally:
+        kill_tree(run)
+    said = the_ranks_one_error_line("".join(seen) + rest)
+    assert run.returncode == 1
+    match = re.match(rf"error: rank 0 \(host \S+, pid \d+\): its (write|read|list|look \w+) of "
+                     rf"s3://{s3.bucket}/frozen/\S* has not moved for \d+ s.*; the store stopped answering .*"
+                     r"the last snapshot \(step (\d+)\) is kept as it was", said)
+    assert match, said
+    assert time.monotonic() - frozen_at < 4 + 30
+    link.heal()
+    s3_fs.invalidate_cache()
+    assert load_object(s3_fs, url)["step"] == int(match[2])

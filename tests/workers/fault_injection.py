@@ -12,13 +12,14 @@ restarted workers can finish. Comma-separated lists (FAULT=snapshot_write:40,eva
 plant one fault per attempt: the first in the first attempt, the second in the restarted one.
 `error:N` raises a user-facing error (say, a snapshot store that refused one rank) after step N
 instead of killing. `slow_config:S`: reading the config takes S seconds longer (say, a rank slower
-to start). `slow_write:N` makes every snapshot write from step N on pause SLOW_WRITE_S
-seconds half-way (a save that can be interrupted), `slow_write_at:N` only that of step N (a long
-save, as to S3); SLOW_WRITE_S in the environment sets the pause (default 30 s).
+to start). `slow_write:N` makes every snapshot write from step N on trickle for SLOW_WRITE_S
+seconds (a save that can be interrupted), `slow_write_at:N` only that of step N (a long save that
+moves, as to a slow S3); SLOW_WRITE_S in the environment sets its length (default 30 s).
 
-SLOW is `PHASE:SECONDS:STEP`: from optimizer step STEP on, rank SLOW_RANK (default 1) sleeps
-SECONDS in each step's data loading (PHASE data: as its sampler hands out the batch) or computation
-(PHASE compute: in each forward pass), in every attempt: a straggler.
+SLOW is `PHASE:SECONDS:STEP`: from optimizer step STEP on, rank SLOW_RANK (default 1; `all`: every
+rank) sleeps SECONDS in each step's data loading (PHASE data: as its sampler hands out the batch) or
+computation (PHASE compute: in each forward pass), or keeps its CPU busy that long (PHASE spin: a
+long computation), in every attempt: a straggler.
 
 RECORD_SAMPLES: each training batch a rank draws is appended to DIR/samples-rank<R>-<pid>.txt as
 `epoch index index ...` (split indices; run with data_loader_workers=0, so that nothing is drawn
@@ -95,11 +96,21 @@ def pause_while_writing(first_step: int, only: bool = False) -> None:
     def save(obj, f, *args, **kwargs):
         step = obj.get("step", -1) if isinstance(obj, dict) and "model_state" in obj else -1
         if step == first_step if only else step >= first_step:
-            f.write(b"PK" + bytes(1 << 16))
-            time.sleep(SLOW_WRITE_S)
+            trickle(f, SLOW_WRITE_S)
         return original_save(obj, f, *args, **kwargs)
 
     torch.save = save
+
+
+def trickle(f, seconds: float) -> None:
+    """A slow store: a little written every tenth of a second, for seconds (the write moves all along)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    f.write(b"PK")
+    while time.monotonic() < deadline:
+        f.write(bytes(1 << 12))
+        time.sleep(0.1)
 
 
 def slow_config(seconds: int) -> None:
@@ -158,12 +169,16 @@ def slow_down(phase: str, seconds: float, first_step: int) -> None:
     """Every step from first_step on takes seconds longer in phase (see SLOW)."""
     import time
 
-    if phase == "compute":
+    if phase in ("compute", "spin"):
         original = Trainer.compute_loss
 
         def compute_loss(self, *args):
             if self.progress.step + 1 >= first_step:
-                time.sleep(seconds)
+                if phase == "compute":
+                    time.sleep(seconds)
+                deadline = time.monotonic() + seconds
+                while phase == "spin" and time.monotonic() < deadline:  # the CPU busy, as computing keeps it
+                    sum(range(10_000))
             return original(self, *args)
 
         Trainer.compute_loss = compute_loss
@@ -198,7 +213,7 @@ if __name__ == "__main__":
     fault = fault_of_this_attempt()
     if fault:
         plant(fault)
-    if "SLOW" in os.environ and os.environ.get("RANK", "0") == os.environ.get("SLOW_RANK", "1"):
+    if "SLOW" in os.environ and os.environ.get("SLOW_RANK", "1") in (os.environ.get("RANK", "0"), "all"):
         phase, seconds, step = os.environ["SLOW"].split(":")
         slow_down(phase, float(seconds), int(step))
     if "RECORD_SAMPLES" in os.environ:

@@ -1,0 +1,78 @@
+"""files.py: one door to files. A store's failure is one line naming the file (StorageError); every
+transfer under way is seen, with how far it got, by the watchdog."""
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mingpt.common import files
+from mingpt.common.errors import MinGPTError, StorageError, short_reason
+
+
+def test_a_store_s_failure_is_one_line_naming_the_file_and_still_an_os_error(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    url = str(tmp_path / "a-file" / "metrics.jsonl")  # a file where a folder should be
+    with pytest.raises(StorageError) as failed:
+        files.write_atomically(url, lambda f: f.write(b"{}"))
+    line = str(failed.value)
+    assert line.startswith(f"could not write {url} (") and "\n" not in line
+    assert isinstance(failed.value, (MinGPTError, OSError))
+    assert short_reason(failed.value).startswith(("NotADirectoryError", "FileExistsError"))
+    with pytest.raises(StorageError, match="could not append to"):
+        files.append_text(url, "{}\n")
+    with pytest.raises(FileNotFoundError):  # "none yet" stays what it was
+        files.read_bytes(str(tmp_path / "none"))
+
+
+def test_a_bug_in_what_a_write_writes_keeps_its_traceback(tmp_path):
+    def buggy(f):
+        raise KeyError("a bug")
+
+    with pytest.raises(KeyError):
+        files.write_atomically(str(tmp_path / "x"), buggy)
+    assert list(tmp_path.iterdir()) == []  # the temporary is gone too
+
+
+def test_a_transfer_that_stops_moving_is_seen_with_how_far_it_got(tmp_path):
+    seen = []
+
+    def write_then_stop(f):
+        f.write(bytes(3_000_000))
+        seen.append(files.stalled_transfer(after_s=60))  # moving: not stalled
+        time.sleep(0.3)
+        seen.append(files.stalled_transfer(after_s=0.2))
+
+    files.write_atomically(str(tmp_path / "snap.pt"), write_then_stop)
+    assert seen[0] is None
+    assert seen[1].url == str(tmp_path / "snap.pt") and seen[1].done == 3_000_000
+    assert seen[1].describe(seen[1].moved_at + 62) == f"write of {tmp_path / 'snap.pt'} has not moved for 62 s (3.0 MB written)"
+    assert files.stalled_transfer(after_s=0) is None  # ended: no longer under way
+
+
+STALLED_WRITE = """
+import time, torch
+from mingpt.common import files
+from mingpt.distributed.stragglers import StepClock
+from mingpt.distributed.watchdog import RunWatchdog
+watch = RunWatchdog(0, 1, 1.0, {folder!r}, lambda: "the last snapshot (step 20) is kept as it was",
+                    StepClock(torch.device("cpu")))
+def write_then_hang(f):
+    f.write(bytes(100_000))
+    time.sleep(60)
+with watch:
+    files.write_atomically({path!r}, write_then_hang)
+"""
+
+
+def test_a_single_process_whose_write_stops_moving_ends_in_one_line(tmp_path):
+    """No other rank to wait for it: the process's own watchdog names its stalled write and ends it."""
+    path = str(tmp_path / "snap.pt")
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", STALLED_WRITE.format(folder=str(tmp_path), path=path)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and time.monotonic() - started < 30
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: rank 0 (host "), result.stderr
+    assert f"its write of {path} has not moved for 1 s (0.1 MB written)" in lines[0]
+    assert lines[0].endswith("; the last snapshot (step 20) is kept as it was")
