@@ -344,10 +344,10 @@ SLOW_FROM = 30
 """The step from which rank 1 is slowed down (SLOW in tests/workers/fault_injection.py)."""
 
 
-def named_slow(lines: list[str], phase: str) -> None:
-    """Progress lines before SLOW_FROM name no rank (a healthy run); a later one names rank 1 in phase."""
+def named_slow(lines: list[str], phase: str, slow_from: int = SLOW_FROM) -> None:
+    """Progress lines before slow_from name no rank (a healthy run); a later one names rank 1 in phase."""
     steps = [(re.match(r"epoch \d+/?\d* \| step (\d+)/", line), line) for line in lines]
-    healthy = [line for match, line in steps if match and int(match[1]) < SLOW_FROM]
+    healthy = [line for match, line in steps if match and int(match[1]) < slow_from]
     assert healthy and not any("median step" in line for line in healthy), "".join(lines)
     named = rf"\| rank 1 \(\S+\) is \d+\.\dx the others' median step: {phase}$"
     assert re.search(named, lines[-1]), lines[-1]
@@ -408,15 +408,18 @@ def test_a_stopped_rank_is_named_in_one_line_and_a_long_save_is_not_a_hang(text_
 def test_ranks_whose_launcher_died_end_themselves(text_file, tmp_path):
     """torchrun SIGKILLed (the OOM killer, an operator's wrong pid): its workers, in sessions of their
     own, would train on as orphans; each ends within a few heartbeats, saying why (or, when the
-    other has ended first, losing contact with it in a collective). Before that, rank 1 is slowed in
-    its computation from step SLOW_FROM on: named so in the progress line."""
-    overrides = tiny_overrides(text_file, tmp_path / "snap.pt", trainer_config__max_epochs=2,
+    other has ended first, losing contact with it in a collective). The run is far too long to end
+    by itself meanwhile: a worker that said the line and trained on would still be there. Before
+    that, rank 1 is slowed in its computation from step 100 on (SLOW_FROM's 30 steps can take under
+    one progress interval, leaving no healthy line before it): named so in the progress line."""
+    overrides = tiny_overrides(text_file, tmp_path / "snap.pt", trainer_config__max_epochs=1000,
                                trainer_config__progress_interval_s=PROGRESS_S,
                                trainer_config__hang_timeout_s=HANG_TIMEOUT_S)
     command = two_ranks_with_faults(overrides)
-    process, seen = start_until(command, "median step", {"SLOW": f"compute:0.04:{SLOW_FROM}"})
-    named_slow(seen, "computation")
-    workers = [rank_process(process, rank) for rank in (0, 1)]
+    process, seen = start_until(command, "median step", {"SLOW": "compute:0.04:100"})
+    named_slow(seen, "computation", slow_from=100)
+    workers = psutil.Process(process.pid).children(recursive=True)  # the ranks, and any process of theirs
+    assert {rank_process(process, rank) for rank in (0, 1)} <= set(workers)
     process.kill()
     killed_at = time.monotonic()
     gone, alive = psutil.wait_procs(workers, timeout=HANG_TIMEOUT_S + 10)

@@ -1,6 +1,8 @@
 """shard_cache.py: shards on S3 (a real moto server on loopback, through s3fs, as test_s3.py) read
 through a bounded cache: the same batches as the same shards on disk, the cache never over its
 bound, each shard fetched once per visit, and each bad input one line."""
+import os
+import time
 from pathlib import Path
 
 import fsspec
@@ -13,7 +15,7 @@ from mingpt.char_dataset import DataConfig, open_corpus, split_dataset
 from mingpt.common.errors import ConfigError, DataError
 from mingpt.distributed.process_group import DistEnv
 from mingpt.tokens.data_loader import rank_loaders
-from mingpt.tokens.shard_cache import FOLDER, ShardCache
+from mingpt.tokens.shard_cache import FOLDER, ShardCache, copy_name
 from mingpt.tokens.tokenizer import train_bpe
 
 ONE_RANK = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"),
@@ -80,6 +82,29 @@ def test_remote_shards_give_the_batches_of_the_same_shards_on_disk_within_the_ca
     assert max(used) <= bound and used[-1] > 0
     assert len(list(copies.glob("*.bin"))) == 3  # four shards read through a cache of three
     assert not list(copies.glob(".*.part"))  # every fetch finished, written whole
+
+
+def test_a_full_cache_evicts_the_least_recently_used_copy(tmp_path):
+    """Room for two copies: the third shard's fetch deletes the copy used longest ago, not the newest,
+    and a copy read again since its fetch counts as used then. (Local files stand for the store: the
+    cache fetches any fsspec URL alike.)"""
+    store = tmp_path / "store"
+    store.mkdir()
+    for name in ("a", "b", "c"):
+        write_llmc_shard(store / f"{name}.bin", range(SHARD_IDS))
+    cache = ShardCache(tmp_path / "cache", 2 * SHARD_BYTES, "data_config.path")
+
+    def read(name: str) -> Path:
+        url = str(store / f"{name}.bin")
+        return cache.copy_of(url, SHARD_BYTES, cache.folder / copy_name(url, "1"))
+
+    a, b = read("a"), read("b")
+    now = time.time()  # a fetched 20 s ago, b 10 s ago: further apart than a file system's clock ticks
+    os.utime(a, (now - 20, now - 20))
+    os.utime(b, (now - 10, now - 10))
+    assert read("a") == a  # read again: a is now the most recently used
+    c = read("c")
+    assert a.exists() and c.exists() and not b.exists()
 
 
 def test_a_remote_folder_trains_and_a_local_file_evaluates(shard_sets, tokenizer):

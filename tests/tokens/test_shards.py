@@ -162,6 +162,8 @@ def bad_set(tmp_path: Path, ids: np.ndarray, case: str) -> tuple[str, dict]:
         write_llmc_shard(shard, ids, version=2)
     elif case == "truncated":
         write_llmc_shard(shard, ids, count=len(ids) + 1)
+    elif case == "longer than its header":
+        write_llmc_shard(shard, ids, count=len(ids) - 1)
     elif case == "shorter than a header":
         shard.write_bytes(write_llmc_shard(shard, ids).read_bytes()[:100])
     elif case == "odd length":
@@ -200,6 +202,8 @@ BAD_INPUTS = {
                        "not read; it reads version 1 (uint16 ids)",
     "truncated": "{shard} is 3,024 bytes where its header says 3,026 (1,024 + 1,001 ids of 2 bytes): "
                  "truncated; fetch it again",
+    "longer than its header": "{shard} is 3,024 bytes where its header says 3,022 (1,024 + 999 ids of 2 "
+                              "bytes): longer than its header says: damaged; fetch it again",
     "shorter than a header": "{shard} is 100 bytes, shorter than llm.c's 1,024-byte header: a truncated "
                              "shard",
     "odd length": "{shard} is 1,999 bytes, an odd length where nanoGPT's .bin holds 2-byte ids",
