@@ -17,16 +17,15 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from hydra.errors import HydraException
-from omegaconf.errors import OmegaConfBaseException
 
 from mingpt.char_dataset import open_corpus, prepare_corpus
-from mingpt.common.errors import MinGPTError, OneLineArgumentParser, check, command
+from mingpt.common.errors import OneLineArgumentParser, check, command
 from mingpt.distributed.precision import AMP_DTYPES, cpu_has_native_bf16, dtype_name
 from mingpt.planning.advice import Setting, describe, plan_rows, recommend, table
 from mingpt.planning.memory import host_memory_available
 from mingpt.planning.step_time import Cluster
 from mingpt.reporting.flops import GPU_PEAKS, cpu_peak_flops
+from mingpt.run_config import CONFIG_NAME_HELP, DEFAULT_CONFIG, from_command_line
 
 CONFIG_DIR = Path(__file__).resolve().parent
 GPU_RESERVE = 10**9
@@ -76,6 +75,7 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace, li
     parser = OneLineArgumentParser(description=__doc__.splitlines()[0],
                                    epilog="Anything else is a Hydra override, as for main.py.")
     defaults = ClusterOptions()
+    parser.add_argument("--config-name", default=DEFAULT_CONFIG, help=CONFIG_NAME_HELP)
     parser.add_argument("--nodes", type=int, default=defaults.nodes, help="nodes (default: %(default)s)")
     parser.add_argument("--gpus-per-node", type=int, default=defaults.gpus_per_node,
                         help="GPUs per node; with --device cpu, CPU ranks per node (default: %(default)s)")
@@ -108,18 +108,6 @@ def cluster_options(args: argparse.Namespace) -> ClusterOptions:
     return ClusterOptions(args.nodes, args.gpus_per_node, device, args.memory_gb, args.peak_tflops,
                           args.intra_gbps, args.inter_gbps, args.intra_latency_us, args.inter_latency_us,
                           args.mfu, args.efficiency)
-
-
-def load_run_config(overrides: list[str]):
-    """The typed config main.py would train with, from the same YAML and overrides."""
-    from mingpt.main import compose_config, load_config  # the schema and the repo_path resolver, too
-
-    bad = [item for item in overrides if "=" not in item]
-    check(not bad, bad[0] if bad else "", "is neither an option of plan.py nor a key=value override")
-    try:
-        return load_config(compose_config(overrides))
-    except (HydraException, OmegaConfBaseException) as error:
-        raise MinGPTError(str(error).splitlines()[0]) from None
 
 
 def compute_dtype(config, device_type: str) -> Optional[torch.dtype]:
@@ -182,7 +170,7 @@ def make_setting(config, options: ClusterOptions, vocab_size: int) -> Setting:
 def main(argv: Optional[list[str]] = None) -> None:
     args, overrides = parse_args(argv)
     options = cluster_options(args)
-    config = load_run_config(overrides)
+    config = from_command_line(overrides, "plan.py", args.config_name)
     setting = make_setting(config, options, vocab_size_of(config, args.vocab_size))
     rows = plan_rows(setting)
     assumed = [] if args.device else [f"Assumed: {options.device} (no --device given); --device, --nodes and "

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 from torch.utils.data import Dataset
 
-from mingpt.char_dataset import batch_on, in_windows
+from mingpt.char_dataset import Spread, batch_on, in_windows
 from mingpt.common.errors import TrainingDiverged, check, check_choice, check_not_negative, check_positive
 from mingpt.distributed import control, parallel
 from mingpt.distributed.activation_checkpointing import CHECKPOINTING_MODES, checkpoint_blocks
@@ -30,7 +30,7 @@ from mingpt.reporting.run_report import ReportSettings, RunReport
 from mingpt.reporting.trackers import TrackerConfig
 from mingpt.storage.checkpointer import LOWER_LEARNING_RATE, SNAPSHOT_FORMATS, Checkpointer, SnapshotPolicy
 from mingpt.storage.snapshot import Snapshot
-from mingpt.tokens.data_loader import rank_loaders
+from mingpt.tokens.data_loader import batches_per_rank, rank_loaders
 
 __all__ = ["Trainer", "TrainerConfig", "Snapshot"]
 
@@ -180,6 +180,7 @@ class Trainer:
                  train_dataset: Dataset, test_dataset: Optional[Dataset], vocab: Sequence[str], env: DistEnv):
         self.config, self.optimizer_config, self.env, self.vocab = config, optimizer_config, env, vocab
         self.block_size = model.config.block_size
+        self.test_samples = len(test_dataset) if test_dataset is not None else 0
         config.check_step_fits(len(train_dataset), env.world_size)
         self._place(model)
         # A training batch holds a whole optimizer step: grad_accum_steps micro-batches.
@@ -230,8 +231,9 @@ class Trainer:
         fsdp_casts = parallel.computes_in_precision(self.model)  # then autocast would only add casts
         self.autocast = contextlib.nullcontext if fsdp_casts else self.precision.autocast
 
-    def summary(self) -> list[str]:
-        """The run as it starts: model, world, memory, batch and snapshot lines."""
+    def summary(self, data: str) -> list[str]:
+        """The run as it starts: model, world, memory, batch, data (with how it is evaluated) and
+        snapshot lines."""
         tc, env = self.config, self.env
         tokens_per_step = tc.batch_size * tc.grad_accum_steps * env.world_size * self.block_size
         budget = f"{tc.max_steps:,} steps in all" if tc.max_steps else f"{tc.max_epochs} epochs"
@@ -244,9 +246,24 @@ class Trainer:
             f"Batch: {tc.batch_size} per process x {tc.grad_accum_steps} accumulation, "
             f"{tokens_per_step:,} tokens per step, {self.steps_per_epoch:,} steps per epoch, "
             f"{budget}, {self.train_loader.num_workers} data worker(s) per process",
+            f"{data}; evaluation {self._evaluation()}",
             f"Snapshots: {self.checkpointer.describe(self.progress)}; "
             f"{', '.join([*tc.stop_signals, 'Ctrl-C'])} stop with a snapshot",
         ]
+
+    def _evaluation(self) -> str:
+        """When and on how many batches the run evaluates: "every epoch on all 26 batches per process",
+        or how eval_batches bounds it."""
+        when = f"every {self.config.eval_every_steps} steps" if self.config.eval_every_steps else "every epoch"
+        if self.test_loader is None:
+            return when
+        taken = len(self.test_loader)
+        whole = batches_per_rank(self.test_samples, self.config.batch_size, self.env.world_size)
+        if taken == whole:
+            return f"{when} on all {whole:,} batches per process"
+        which = ("windows spread evenly without overlap" if isinstance(self.test_loader.dataset, Spread)
+                 else "a fixed seeded subset")
+        return f"{when} on {taken:,} of {whole:,} batches per process, {which} (trainer_config.eval_batches; 0: all)"
 
     def track(self, config: TrackerConfig, run_config: dict[str, Any], summary: list[str]) -> None:
         """Send the metrics to run trackers too, continuing the tracked runs of a resumed snapshot."""

@@ -45,4 +45,16 @@ def test_overrides_add_the_row_of_the_model_they_configure(capsys):
     assert f"{expected:,}" in rows[-1]
     with pytest.raises(SystemExit):
         main(["gpt_config.n_layr=3"])
-    assert capsys.readouterr().err.startswith("error: Could not override 'gpt_config.n_layr'")
+    assert capsys.readouterr().err.startswith("error: gpt_config.n_layr: is not a key of GPTConfig (did you mean "
+                                              "gpt_config.n_layer?)")
+
+
+def test_a_config_of_your_own_adds_its_row(capsys):
+    """`--config-name laptop`, as main.py takes it: the laptop model (4 layers, 128 wide, block 64)."""
+    from mingpt.model_size import main
+
+    main(["--config-name", "laptop"])
+    assert capsys.readouterr().out.splitlines()[-1].split()[:5] == ["your", "overrides", "4", "4", "128"]
+    with pytest.raises(SystemExit):
+        main(["--config-name", "no-such-config"])
+    assert capsys.readouterr().err.startswith("error: --config-name: 'no-such-config' is no YAML beside")

@@ -7,6 +7,7 @@ from helpers import MINGPT, one_error_line, run
 
 from mingpt import plan
 from mingpt.plan import ClusterOptions, make_setting, plan_rows, recommend
+from mingpt.run_config import from_command_line
 
 PRESET_ALONE = ["gpt_config.n_layer=null", "gpt_config.n_head=null", "gpt_config.n_embd=null"]
 XL = ["gpt_config.model_type=gpt2-xl", *PRESET_ALONE]
@@ -15,7 +16,7 @@ GPT2 = ["gpt_config.model_type=gpt2", *PRESET_ALONE]
 
 def planned(overrides: list[str], **cluster) -> tuple[list, list[str]]:
     """The rows and the recommendation for a config (65 characters, as tiny-shakespeare's) on a cluster."""
-    setting = make_setting(plan.load_run_config(overrides), ClusterOptions(**cluster), vocab_size=65)
+    setting = make_setting(from_command_line(overrides, "plan.py"), ClusterOptions(**cluster), vocab_size=65)
     rows = plan_rows(setting)
     return rows, recommend(rows, setting)
 
@@ -70,7 +71,8 @@ def test_a_slower_network_asks_for_more_gradient_accumulation():
     (["--device", "H300", "--memory-gb", "80"], "--device: unknown device 'H300'"),  # no peak given
     (["trainer_config.distributed_method=hsdp"],
      "trainer_config.distributed_method: hsdp shards within a node"),
-    (["gpt_config.n_layr=2"], "Could not override 'gpt_config.n_layr'"),
+    (["gpt_config.n_layr=2"], "gpt_config.n_layr: is not a key of GPTConfig (did you mean gpt_config.n_layer?)"),
+    (["laptop"], "laptop: is neither an option of plan.py nor a key=value override"),
 ])
 def test_bad_input_is_one_line_naming_the_key(arguments, key, capsys):
     with pytest.raises(SystemExit) as stop:
@@ -83,3 +85,9 @@ def test_bad_input_is_one_line_naming_the_key(arguments, key, capsys):
 def test_runs_as_a_script_from_inside_mingpt():
     line = one_error_line(run([sys.executable, "plan.py", "--nodes", "0"], cwd=MINGPT))
     assert line == "error: --nodes: must be a positive number of nodes, got 0"
+
+
+def test_a_config_of_your_own_is_planned(capsys):
+    """`--config-name laptop`, as main.py takes it (it was refused as "neither an option")."""
+    plan.main(["--config-name", "laptop", "--device", "cpu", "--vocab-size", "65"])
+    assert "GPT 0.8M parameters (4 layers, 128 wide, block 64" in capsys.readouterr().out

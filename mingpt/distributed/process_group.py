@@ -9,6 +9,7 @@ import gc
 import hashlib
 import ipaddress
 import os
+import re
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
@@ -19,7 +20,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from mingpt.common.errors import MinGPTError, say_error
+from mingpt.common.errors import MinGPTError, say_error, short_reason
 
 DEFAULT_TIMEOUT_S = 1800.0
 """Collectives wait this long for the slowest rank (NCCL's own default is 10 minutes)."""
@@ -260,6 +261,30 @@ def speaker_of(store: dist.Store, key: str, rank: int) -> int:
         with contextlib.suppress(Exception):  # not claimed in time: this rank claims it
             store.wait([claim], SPEAKER_GRACE)
     return int(store.compare_set(claim, "", str(rank)))
+
+
+TIMEOUT_KEY = "trainer_config.process_group_timeout_s"
+COLLECTIVE_TIMEOUTS = re.compile(
+    r"Timed out waiting \d+ms for (recv|send) operation"  # gloo
+    r"|Watchdog caught collective operation timeout|timed out in blocking wait")  # NCCL's two modes
+"""How gloo and NCCL say that a collective waited its whole timeout for another rank."""
+LOST_PEER_SIGNS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+
+
+def peer_failure(error: Exception, timeout_s: float) -> "str | None":
+    """What a failed collective says of the other ranks, in one line, or None for an error of this
+    rank's own: another rank stopped answering for the whole timeout (gloo's `Timed out waiting
+    60000ms for recv operation`, NCCL's `Watchdog caught collective operation timeout`), or went away
+    (NCCL's and gloo's plain errors)."""
+    if COLLECTIVE_TIMEOUTS.search(str(error)):
+        return (f"a collective timed out: another process stopped answering for {timeout_s:g} s "
+                f"({TIMEOUT_KEY}={timeout_s:g}): it hung, was stopped or fell far behind; see the other "
+                "processes' output and hosts (trainer_config.hang_timeout_s, when shorter, names the "
+                f"rank), or raise {TIMEOUT_KEY} if a step can take that long (rank 0 writing a large "
+                "snapshot alone, say)")
+    if isinstance(error, dist.DistError) or any(sign in str(error) for sign in LOST_PEER_SIGNS):
+        return f"lost contact with another process ({short_reason(error)}); see that process's output"
+    return None
 
 
 def mark_said() -> None:

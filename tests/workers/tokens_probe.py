@@ -1,5 +1,5 @@
 """Run by the tests under torchrun: what subword tokens and GPT-2 weights need of several ranks, in
-one launch (main.py's own build, in this process group):
+one launch (main.py's own get_train_objs and train, in this process group):
 - bpe: a text tokenized by a BPE trained on it (local rank 0 makes the token file while the other
   waits), 6 steps with a snapshot every 3 into OUT_DIR/bpe_a; then the step-3 snapshot alone, in
   OUT_DIR/bpe_b, resumed up to step 6 (the test holds the two step-6 snapshots bit for bit);
@@ -17,9 +17,10 @@ import torch
 from mingpt.char_dataset import DataConfig
 from mingpt.common.logger import configure_logging
 from mingpt.distributed.process_group import barrier, distributed_session
-from mingpt.main import TrainConfig, build, build_and_train
+from mingpt.main import get_train_objs, train
 from mingpt.model import GPTConfig, OptimizerConfig
-from mingpt.trainer import TrainerConfig
+from mingpt.run_config import TrainConfig
+from mingpt.trainer import Trainer, TrainerConfig
 
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32)
 
@@ -33,18 +34,20 @@ def config(data: DataConfig, snapshots: Path, gpt: GPTConfig = TINY, **trainer) 
 
 def bpe_and_resume(text: str, out: Path, env) -> None:
     data = DataConfig(path=text, block_size=16, tokenizer="bpe", bpe_vocab_size=300)
-    build_and_train(config(data, out / "bpe_a"), env)
+    train(config(data, out / "bpe_a"), env)
     if env.is_main:
         (out / "bpe_b").mkdir()
         shutil.copy(out / "bpe_a" / "snapshot_000000003.pt", out / "bpe_b")
     barrier()
-    build_and_train(config(data, out / "bpe_b"), env)
+    train(config(data, out / "bpe_b"), env)
 
 
 def from_gpt2(method: str, text: str, folder: str, ids: torch.Tensor, out: Path, env) -> None:
     run = config(DataConfig(path=text, block_size=16), out / method, GPTConfig(init_from=folder),
                  max_steps=2, distributed_method=method)
-    trainer, _ = build(run, env)
+    model, dataset, train_set, test_set = get_train_objs(run, env)
+    trainer = Trainer(run.trainer_config, model, run.optimizer_config, train_set, test_set, dataset.vocabulary,
+                      env)
     trainer.model.eval()
     with torch.no_grad():
         logits = trainer.model(ids.to(env.device))[0]
