@@ -71,7 +71,7 @@ TARGETS = {
     "extra_private_mb_per_rank": 300.0,  # at most, over the small-text run
 }
 
-FIRST_STEP = re.compile(r"\[GPU0\] Epoch 1 \| Iter 0 \| Train Loss")
+FIRST_STEP = re.compile(r"\[RANK0\] Epoch 1 \| Iter 0 \| Train Loss")
 # main.py's own lines on the way to the first step: the data is mapped, then the Trainer is built.
 MILESTONES = {"data_loaded_s": re.compile(r"Data has \d+ characters"),
               "trainer_built_s": re.compile(r"^Model: GPT"),

@@ -2,7 +2,7 @@
 
     python bench/bench_dropout.py [--models default gpt-mini] [--rounds 15] [--threads 2]
 
-For each model it alternates Trainer.train_step calls with the project's CPU path and with torch's
+For each model it alternates Trainer._run_batch calls with the project's CPU path and with torch's
 built-ins (F.dropout, whose mask comes from bernoulli_, and SDPA, which falls back to unfused
 attention when it has to drop attention weights), step by step in one process, so that both see the
 same machine; then it prints the median step of each and the median of the per-round speed-ups. The
@@ -43,7 +43,7 @@ def model_sizes(name: str) -> tuple[int, int, int]:
 
 def step_seconds(trainer: Trainer, inputs: torch.Tensor, targets: torch.Tensor) -> float:
     start = time.perf_counter()
-    trainer.train_step(inputs, targets)
+    trainer._run_batch(inputs, targets)
     return time.perf_counter() - start
 
 

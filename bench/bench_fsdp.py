@@ -92,7 +92,7 @@ def measure(trainer, args: argparse.Namespace) -> dict:
             "activations_mb": activation_bytes(trainer) / 1e6}
     if args.snapshot_dir:
         start = time.perf_counter()
-        trainer.save_snapshot("benchmark")
+        trainer._save_snapshot("benchmark")
         mine["snapshot_s"] = time.perf_counter() - start
         written = [f.stat().st_size for f in Path(args.snapshot_dir).rglob("*") if f.is_file()]
         mine["snapshot_mb"] = sum(written) / 1e6
@@ -105,7 +105,7 @@ def communication_share(trainer) -> float:
     inputs, targets = trainer.to_device(next(iter(trainer.train_loader)))
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
         start = time.perf_counter()
-        trainer.train_step(inputs, targets)[0].item()
+        trainer._run_batch(inputs, targets)[0].item()
         step_us = (time.perf_counter() - start) * 1e6
     in_collectives = sum(event.cpu_time_total for event in profile.key_averages()
                          if event.key.startswith(COMMUNICATION_REGIONS))

@@ -78,7 +78,7 @@ def timed_steps(trainer, steps: int, sync: bool = True) -> list[float]:
         inputs, targets = trainer.to_device(next(batches))
         start = time.perf_counter()
         with parallel.gradient_sync(trainer.model, enabled=sync):
-            trainer.train_step(inputs, targets)[0].item()
+            trainer._run_batch(inputs, targets)[0].item()
         seconds.append(time.perf_counter() - start)
     return seconds
 

@@ -38,7 +38,7 @@ from s3_server import start_s3_server
 
 from mingpt.char_dataset import DataConfig, open_corpus, split_dataset
 from mingpt.distributed.process_group import DistEnv
-from mingpt.tokens.data_loader import rank_loaders
+from mingpt.tokens.data_loader import rank_loader
 from mingpt.tokens.shard_cache import FOLDER
 
 WAITED_S = 0.010
@@ -97,7 +97,7 @@ def steady_state(config: DataConfig, cache: Path) -> dict:
     train, test = split_dataset(open_corpus(config), config, seed=0, validation=open_corpus(config, True))
     env = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"),
                   backend="gloo")
-    loader, _ = rank_loaders(train, test, batch, 1, 0, 1, 0, env, ())
+    loader = rank_loader(train, batch, 1, 0, 1, 0, env, ())
     loader.sampler.set_epoch(1)
     step_s = batch * block / H100_GPT2_TOKENS_PER_S
     waits = []

@@ -70,8 +70,8 @@ TARGETS = {"startup_s": 10.0,  # below
            "extra_private_mb": 50.0,  # at most, over the 1 MB corpus's run
            "loader_over_step": 10.0}  # at least
 
-FIRST_STEP = re.compile(r"\[GPU0\] Epoch \d+ \| Iter 0 \| Train Loss")
-STEP = re.compile(r"\[GPU0\] Epoch \d+ \| Iter (\d+) \| Train Loss")
+FIRST_STEP = re.compile(r"\[RANK0\] Epoch \d+ \| Iter 0 \| Train Loss")
+STEP = re.compile(r"\[RANK0\] Epoch \d+ \| Iter (\d+) \| Train Loss")
 MILESTONES = {"data_loaded_s": re.compile(r"^Data: \d+ llm\.c shards?|^Data has \d+ tokens"),
               "trainer_built_s": re.compile(r"^Model: GPT"),
               "first_step_s": FIRST_STEP}
@@ -270,7 +270,7 @@ def loader_speed(path: str, val_path: str, tokenizer: str, shape: tuple[int, int
     env = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"),
                   backend="gloo")
     loader = make_dataloader(train_set, batch_size, workers, env, shuffle=True, seed=SEED,
-                             blocks=train_set.blocks())  # as rank_loaders reads a training split
+                             blocks=train_set.blocks())  # as rank_loader reads a training split
     start = time.perf_counter()
     read = iter(loader)
     next(read)  # the worker's start, timed apart

@@ -5,7 +5,7 @@
 - save / load: write_snapshot and read_snapshot of a full snapshot (model, AdamW state, RNG states)
   to a local folder and to a real S3 server on loopback (moto, as the tests use), in MB/s; and
   torch.load parsing straight from the file object, which read_snapshot avoids by reading first;
-- pause, with and without `async_snapshots`, locally and on S3: how long Trainer.save_snapshot
+- pause, with and without `async_snapshots`, locally and on S3: how long Trainer._save_snapshot
   holds training up (sync: gather and write; async: gather and the copy, the first save also
   allocating the staging memory), and what a save costs training in all: the time from the save
   until it is written with the steps that follow it trained meanwhile, minus those steps alone
@@ -42,7 +42,7 @@ def best_of(repeats: int, action) -> float:
 def snapshot_of(trainer) -> Snapshot:
     """A full snapshot of a trained-one-step model, as the trainer writes it."""
     inputs, targets = trainer.to_device(next(iter(trainer.train_loader)))
-    trainer.train_step(inputs, targets)
+    trainer._run_batch(inputs, targets)
     model_state, optimizer_state = gather_full_state(trainer.model, trainer.optimizer)
     return Snapshot(model_state=model_state, optimizer_state=optimizer_state, vocab=trainer.vocab,
                     model_config=asdict(unwrap(trainer.model).config))
@@ -83,10 +83,10 @@ def measure_pauses(env, args, path: str) -> dict:
 
 
 def timed_save(trainer, steps: int) -> tuple[float, float]:
-    """Seconds until save_snapshot returns, and until it is written with `steps` steps trained
+    """Seconds until _save_snapshot returns, and until it is written with `steps` steps trained
     after it (with async_snapshots, while the background thread writes)."""
     start = time.perf_counter()
-    trainer.save_snapshot("benchmark")
+    trainer._save_snapshot("benchmark")
     pause = time.perf_counter() - start
     if steps:
         timed_steps(trainer, warmup=0, steps=steps)

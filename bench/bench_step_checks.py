@@ -65,7 +65,7 @@ def step_ms(env, batch: int, rounds: int = 6) -> float:
         for _ in range(rounds + 1):
             inputs, targets = trainer.to_device(next(batches))
             start = time.perf_counter()
-            trainer.train_step(inputs, targets)
+            trainer._run_batch(inputs, targets)
             times.append(time.perf_counter() - start)
     return 1e3 * statistics.median(times[1:])
 

@@ -2,7 +2,7 @@
 
 For each model the benchmark builds the GPT, the Trainer and the Trainer's real DataLoader over real
 text, and reports:
-- tokens/s and ms/step over `--steps` calls of `Trainer.train_step` (median step; mean, min, max too);
+- tokens/s and ms/step over `--steps` calls of `Trainer._run_batch` (median step; mean, min, max too);
 - the step split into data wait, forward, backward, optimizer and communication, from `--split-steps`
   more steps timed phase by phase (Trainer.compute_loss, .backward, .optimizer_step, each waited for).
   Communication is the gradient reduction the backward pass does NOT hide: backward with gradient
@@ -260,12 +260,12 @@ def next_batch(data, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def timed_step(trainer: Trainer, data, device: torch.device) -> tuple[float, float, float]:
-    """One train_step as training runs it; returns (data wait s, whole step s, loss)."""
+    """One _run_batch as training runs it; returns (data wait s, whole step s, loss)."""
     start = time.perf_counter()
     inputs, targets = next_batch(data, device)
     wait_for(device)  # the host-to-device copy counts as waiting for data
     loaded = time.perf_counter()
-    loss = trainer.train_step(inputs, targets)[0].item()  # .item() only returns once the step has finished
+    loss = trainer._run_batch(inputs, targets)[0].item()  # .item() only returns once the step has finished
     wait_for(device)
     return loaded - start, time.perf_counter() - start, loss
 

@@ -30,11 +30,11 @@ BLOCK = 128  # the default model's
 
 
 def one_step(trainer: Trainer, batches) -> float:
-    """A step as Trainer._train_epoch takes it: its data, then train_step (which says where it is)."""
+    """A step as Trainer._run_epoch takes it: its data, then _run_batch (which says where it is)."""
     start = time.perf_counter()
     trainer.watch.at("data", 1)
     inputs, targets = trainer.to_device(next(batches))
-    trainer.train_step(inputs, targets)
+    trainer._run_batch(inputs, targets)
     return time.perf_counter() - start
 
 

@@ -72,7 +72,7 @@ def timed_steps(trainer: Trainer, warmup: int, steps: int, before_timing=lambda:
             before_timing()
             start = time.perf_counter()
         inputs, targets = trainer.to_device(next(batches))
-        trainer.train_step(inputs, targets)[0].item()
+        trainer._run_batch(inputs, targets)[0].item()
     return time.perf_counter() - start
 
 

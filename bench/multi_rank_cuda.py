@@ -121,7 +121,7 @@ def check(run: Run, *expected: str, exit_status: int = 0) -> None:
 # -- the scenarios -------------------------------------------------------------------------------
 
 ON_GPU = torch.cuda.is_available()
-FIRST_LOSS = "[GPU0] Epoch 1 | Iter 0 | Train Loss"
+FIRST_LOSS = "[RANK0] Epoch 1 | Iter 0 | Train Loss"
 
 
 def ddp_fp16(space: Workspace) -> None:

@@ -1,5 +1,10 @@
 """A GPT-2 style language model and its optimizer. It knows nothing about parallelism.
 
+The original's model.py, its landmarks where they were: GPTConfig, OptimizerConfig,
+MultiheadAttentionLayer (causal here), Block, GPT with GPT.generate, create_optimizer. Its
+EmbeddingStem's token and position embeddings are GPT's own tok_emb and pos_emb (first lines of
+GPT.forward), named as GPT-2 checkpoints and snapshots name them.
+
 Shapes in comments: B batch, T time (block), C embedding, nh heads, hs head size (C // nh), V vocab.
 """
 import functools
@@ -205,8 +210,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_
     return torch.bmm(weights, v).view(B, nh, T, hs)
 
 
-class CausalSelfAttention(nn.Module):
-    """Multi-head self-attention in which position t attends to positions <= t only."""
+class MultiheadAttentionLayer(nn.Module):
+    """The original's attention layer: multi-head self-attention, here causal (position t attends to
+    positions <= t only; the original's float mask let every position see the future)."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -244,7 +250,7 @@ class Block(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd)
-        self.attn = CausalSelfAttention(config)
+        self.attn = MultiheadAttentionLayer(config)
         self.ln_2 = nn.LayerNorm(config.n_embd)
         self.mlp = MLP(config)
 
@@ -265,6 +271,39 @@ InitialValues = Callable[[str, slice], torch.Tensor]
 
 VOCABULARY_WEIGHTS = ("tok_emb.weight", "head.weight")
 """The parameters with a row per token, padded to GPTConfig.padded_vocab_size rows."""
+
+
+def check_sampling_args(max_new_tokens: int, temperature: float, top_k: Optional[int]) -> None:
+    """ValueError for settings that have no meaning; callers facing users check these first."""
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must not be negative, got {max_new_tokens}")
+    if not temperature >= 0:  # written so that NaN fails too
+        raise ValueError(f"temperature must be 0 (greedy) or positive, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be at least 1, got {top_k}")
+
+
+def keep_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """logits (B, V) with all but the k largest of each row set to -inf.
+
+    Exactly k survive even when values tie at the boundary (a `logits < kth` mask would keep them all).
+    """
+    k = min(k, logits.size(-1))
+    values, indices = torch.topk(logits, k, dim=-1)
+    return torch.full_like(logits, float("-inf")).scatter(-1, indices, values)
+
+
+def next_token(
+    logits: torch.Tensor, temperature: float, top_k: Optional[int], generator: Optional[torch.Generator]
+) -> torch.Tensor:
+    """One token id per row, shape (B, 1), from the last position's logits (B, V)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature  # float32: fp16 logits would overflow at low temperatures
+    if top_k is not None:
+        logits = keep_top_k(logits, top_k)
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator)
 
 
 class GPT(nn.Module):
@@ -390,6 +429,33 @@ class GPT(nn.Module):
     def matmul_weights(self) -> int:
         """Weights of the Linear layers: 2 FLOPs each per token forward, 4 backward."""
         return sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: Optional[int] = None, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+        """The original's GPT.generate: idx (B, T) followed by max_new_tokens sampled ids, (B, T +
+        max_new_tokens). Each step feeds the last block_size tokens to the model and draws the next
+        token from the last position's logits. temperature=0 is greedy decoding (argmax, the
+        original's do_sample=False; ties go to the lowest id), as top_k=1 is by the ordinary route.
+
+        The model runs in eval mode (no dropout) and is put back in the mode it was in. The generator
+        must live on idx's device; the same generator state gives the same tokens.
+        """
+        check_sampling_args(max_new_tokens, temperature, top_k)
+        if idx.dim() != 2 or idx.size(1) == 0:
+            raise ValueError(f"idx must be (B, T) with T >= 1 token to continue from, "
+                             f"got shape {tuple(idx.shape)}")
+        block_size = self.config.block_size
+        was_training = self.training
+        self.eval()
+        try:
+            for _ in range(max_new_tokens):
+                context = idx[:, -block_size:]  # the model has positions for block_size tokens only
+                logits, _ = self(context)
+                idx = torch.cat([idx, next_token(logits[:, -1, :], temperature, top_k, generator)], dim=1)
+        finally:
+            self.train(was_training)
+        return idx
 
 
 def meta_model(config: GPTConfig) -> GPT:

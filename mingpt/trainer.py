@@ -1,5 +1,9 @@
 """The training loop: epochs of training, a snapshot every `save_every` epochs, an eval pass.
 
+The original's trainer.py, its landmarks where they were: TrainerConfig, Snapshot, Trainer with
+_prepare_dataloader, _load_snapshot, _run_batch, _run_epoch, _save_snapshot and train; its
+upload_to_s3 is storage/snapshot.py's write_snapshot, for any fsspec URL.
+
 The model arrives unwrapped on the meta device (main.py); the Trainer checks that its step fits
 (planning/memory.py), places and wraps it for the configured method (each rank only its shards
 under FSDP), then builds the optimizer. It keeps the loop, evaluation and the phases of a step;
@@ -13,7 +17,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn as nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from mingpt.char_dataset import Spread, batch_on, in_windows
 from mingpt.common.errors import TrainingDiverged, check, check_choice, check_not_negative, check_positive
@@ -21,16 +25,15 @@ from mingpt.distributed import control, parallel
 from mingpt.distributed.activation_checkpointing import CHECKPOINTING_MODES, checkpoint_blocks
 from mingpt.distributed.precision import AMP_DTYPES, resolve_precision
 from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, all_reduce_sum, first_said
-from mingpt.distributed.stragglers import StepClock
-from mingpt.distributed.watchdog import RunWatchdog
+from mingpt.distributed.guard import RunGuard
 from mingpt.model import OptimizerConfig, create_optimizer, learning_rate_at, set_learning_rate
 from mingpt.planning.memory import Placement, check_memory, plan_memory
 from mingpt.reporting.metrics import default_metrics_path
 from mingpt.reporting.run_report import ReportSettings, RunReport
 from mingpt.reporting.trackers import TrackerConfig
 from mingpt.storage.checkpointer import LOWER_LEARNING_RATE, SNAPSHOT_FORMATS, Checkpointer, SnapshotPolicy
-from mingpt.storage.snapshot import Snapshot
-from mingpt.tokens.data_loader import batches_per_rank, rank_loaders
+from mingpt.storage.snapshot import Progress, Snapshot
+from mingpt.tokens.data_loader import batches_per_rank, rank_loader
 
 __all__ = ["Trainer", "TrainerConfig", "Snapshot"]
 
@@ -183,33 +186,44 @@ class Trainer:
         self.test_samples = len(test_dataset) if test_dataset is not None else 0
         config.check_step_fits(len(train_dataset), env.world_size)
         self._place(model)
-        # A training batch holds a whole optimizer step: grad_accum_steps micro-batches.
-        self.train_loader, self.test_loader = rank_loaders(
-            in_windows(train_dataset), test_dataset and in_windows(test_dataset), config.batch_size,
-            config.grad_accum_steps, config.eval_batches,
-            config.data_loader_workers, config.seed, env, control.handled_signals(config.stop_signals))
+        self.train_loader = self._prepare_dataloader(train_dataset, train=True)
+        self.test_loader = self._prepare_dataloader(test_dataset, train=False) if test_dataset else None
         self.checkpointer = Checkpointer(config.snapshot_policy(), env, vocab)
-        self.divergence = control.DivergenceWatch(env.device, scaled=self.scaler.is_enabled(),
-                                                  spike=control.SpikeRule(config.loss_spike_ratio,
-                                                                          config.loss_spike_steps))
-        self.watch = RunWatchdog(env.rank, env.world_size, config.hang_timeout_s, self.checkpointer.folder,
-                                 self.checkpointer.kept, StepClock(env.device), compiled=config.compile)
-        if self.watch.active:  # alone, no rank to compare with: no step is timed
-            self.watch.clock.time_arrival_at(parallel.unwrap(self.model).input_parameters())
-        """Where this rank is and how long its steps take, for the others to see (its thread runs
-        inside train())."""
-        self.agreement: Optional[control.StepAgreement] = None
-        """Stop signals and the snapshot timer, from train() on (closed when it ends)."""
-        self.progress = self.checkpointer.resume(self.model, self.optimizer, self.scaler)
+        self.guard = RunGuard(env, config.hang_timeout_s, self.checkpointer.folder, self.checkpointer.kept,
+                              compiled=config.compile, scaled=self.scaler.is_enabled(),
+                              spike=control.SpikeRule(config.loss_spike_ratio, config.loss_spike_steps),
+                              stop_signals=config.stop_signals, save_every_minutes=config.save_every_minutes)
+        """The hang watchdog, the divergence watch and the step agreement (distributed/guard.py)."""
+        watch = self.guard.watch
+        if watch.active:  # alone, no rank to compare with: no step is timed
+            watch.clock.time_arrival_at(parallel.unwrap(self.model).input_parameters())
+        self.progress = self._load_snapshot()
         self.steps_per_epoch = len(self.train_loader)
         self.total_steps = self._planned_steps()
         self.report = RunReport.open(config.report_settings(), env, self.precision.matmul_dtype,
                                      model.flops_per_token(), self.total_steps, self.progress.step,
-                                     self.watch.rank_times)
+                                     watch.rank_times)
         peak = self.report.monitor.peak_flops  # rank 0's, who warns
-        if peak:
-            tokens_per_rank = config.batch_size * config.grad_accum_steps * self.block_size
-            self.watch.check_timeout(model.flops_per_token() * tokens_per_rank / (ASSUMED_MFU * peak))
+        tokens_per_rank = config.batch_size * config.grad_accum_steps * self.block_size
+        step_flops = model.flops_per_token() * tokens_per_rank
+        self.step_estimate_s = step_flops / (ASSUMED_MFU * peak) if peak else 0.0
+        """A step's time before any is measured (0: unknown)."""
+        watch.check_timeout(self.step_estimate_s)
+
+    def _prepare_dataloader(self, dataset: Dataset, train: bool) -> DataLoader:
+        """The original's _prepare_dataloader: this rank's share of a split, in the global order of
+        tokens/data_loader.py (DistributedSampler's dealing, resumable mid-epoch). A training batch
+        holds a whole optimizer step: grad_accum_steps micro-batches; evaluation is bounded by
+        eval_batches."""
+        tc = self.config
+        return rank_loader(in_windows(dataset), tc.batch_size, tc.grad_accum_steps if train else None,
+                           tc.eval_batches, tc.data_loader_workers, tc.seed, self.env,
+                           control.handled_signals(tc.stop_signals))
+
+    def _load_snapshot(self) -> Progress:
+        """The original's _load_snapshot: the newest snapshot, if any, into the model, optimizer and
+        scaler (storage/checkpointer.py); where training stands."""
+        return self.checkpointer.resume(self.model, self.optimizer, self.scaler)
 
     def _place(self, model: nn.Module) -> None:
         """Check that the training state fits, then wrap the meta-device model for the configured
@@ -277,12 +291,12 @@ class Trainer:
             self.checkpointer.release()
             self.report.close(self._nothing_left())
             return
-        agreement = control.StepAgreement(config.stop_signals, config.save_every_minutes, self.env)
+        self.report.monitor.forecast(self.total_steps - self.progress.step, self.step_estimate_s)
         failed, finished = self.report.failed_on_error(), self.checkpointer.finished_on_error()
-        with failed, agreement as self.agreement, self.watch, finished:
+        with failed, self.guard, finished:
             while not self._budget_spent():
                 epoch = self.progress.finished_epoch + 1
-                self._train_epoch(epoch)
+                self._run_epoch(epoch)
                 if self.progress.finished_epoch == epoch:
                     self._end_epoch(epoch)
             self._end_run()
@@ -339,35 +353,34 @@ class Trainer:
         """Dropout differs per rank and per epoch, yet an epoch replays exactly after a resume."""
         return self.config.seed + MAX_RANKS * epoch + self.env.rank
 
-    def _train_epoch(self, epoch: int) -> None:
+    def _run_epoch(self, epoch: int) -> None:
         """Train the rest of epoch, or until the step budget is spent (the epoch then stays open)."""
         self.model.train()
         first_step = self._start_epoch(epoch)
         self.report.pause()
-        self.watch.at("data", self.progress.step + 1)
+        self.guard.at("data", self.progress.step + 1)
         for iteration, batch in enumerate(self.train_loader, start=first_step):
-            inputs, targets = self.to_device(batch)
-            loss, grad_norm = self.train_step(inputs, targets)
-            samples = len(inputs) * self.env.world_size  # every rank's batch has the same length
+            source, targets = self.to_device(batch)
+            loss, grad_norm = self._run_batch(source, targets)
+            samples = len(source) * self.env.world_size  # every rank's batch has the same length
             self.progress.advance(samples, tokens=samples * self.block_size)
-            self.divergence.observe(self.progress.step, loss, grad_norm)
             lr = self.optimizer.param_groups[0]["lr"]
             self.report.train_step(epoch, iteration, self.progress, loss, grad_norm, lr)
-            self._after_step(epoch)
+            self._after_step(epoch, loss, grad_norm)
             if self._budget_spent():
                 break
-            self.watch.at("data", self.progress.step + 1)
+            self.guard.at("data", self.progress.step + 1)
         else:
             self.progress.finish_epoch(epoch)
         self.report.flush()
 
-    def _after_step(self, epoch: int) -> None:
-        """What every rank agreed on (a snapshot due, a clean stop), then step-cadence evaluation."""
-        decision = self.agreement.after_step(save_failed=self.checkpointer.failed(),
-                                             diverged_since=self.divergence.diverged_since())
+    def _after_step(self, epoch: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """What every rank agreed on (a diverged run, a failed save, a snapshot due, a clean stop),
+        then step-cadence evaluation."""
+        decision = self.guard.step_taken(self.progress.step, loss, grad_norm, self.checkpointer.failed())
         if decision.diverged_since:
             self._stop_diverged(decision.diverged_since)
-        self.checkpointer.note_health(self.divergence.health())
+        self.checkpointer.note_health(self.guard.health())
         if decision.save_failed:
             self.checkpointer.finish()  # raises on every rank
         self._snapshot_if_due(decision)
@@ -398,47 +411,52 @@ class Trainer:
                                f"{self.checkpointer.go_back_to_healthy(advice)}")
 
     def _divergence_cause(self, since: int, lr: float) -> str:
-        if not self.divergence.spiked():
-            loss, loss_step = self.divergence.last_finite_loss()
+        divergence = self.guard.divergence
+        if not divergence.spiked():
+            loss, loss_step = divergence.last_finite_loss()
             last = f"last finite loss {loss:.4f} at step {loss_step}" if loss_step else "no finite loss before it"
             return f"the loss is not finite from step {since} (learning rate {lr:.3g}; {last})"
-        loss, mean = self.divergence.latest_spike()
+        loss, mean = divergence.latest_spike()
         return (f"the loss spiked from step {since} (to {loss:.4g}, {loss / mean:.1f}x its recent mean "
                 f"{mean:.4f}, for {self.config.loss_spike_steps} steps; learning rate {lr:.3g})")
 
-    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step over a batch of grad_accum_steps micro-batches: its mean loss and the
-        gradients' norm before clipping."""
+    def _run_batch(self, source: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The original's _run_batch: the forward pass in the run's precision, the backward pass
+        through the grad scaler, the true gradients clipped, the optimizer's step. Here a batch is
+        grad_accum_steps micro-batches, their gradients synchronised on the last; returns the mean
+        loss and the gradients' norm before clipping (on the device: nothing waits)."""
         set_learning_rate(self.optimizer, self.progress.step, self.total_steps, self.optimizer_config)
         self.optimizer.zero_grad(set_to_none=True)
-        micro_batches = list(zip(inputs.split(self.config.batch_size), targets.split(self.config.batch_size)))
-        total_loss = torch.zeros((), device=inputs.device)
-        for index, (micro_inputs, micro_targets) in enumerate(micro_batches):
-            share = len(micro_inputs) / len(inputs)  # an epoch's last batch may be short
+        micro_batches = list(zip(source.split(self.config.batch_size), targets.split(self.config.batch_size)))
+        total_loss = torch.zeros((), device=source.device)
+        for index, (micro_source, micro_targets) in enumerate(micro_batches):
+            share = len(micro_source) / len(source)  # an epoch's last batch may be short
             # The forward pass too: DDP decides there whether the backward pass will all-reduce.
             with parallel.gradient_sync(self.model, enabled=index == len(micro_batches) - 1):
-                self.watch.at("forward", self.progress.step + 1, index)
-                loss = self.compute_loss(micro_inputs, micro_targets)
-                self.watch.at("backward", self.progress.step + 1, index)
+                loss = self.compute_loss(micro_source, micro_targets)
                 self.backward(loss * share)
             total_loss += loss.detach().float() * share
-        self.watch.at("optimizer", self.progress.step + 1)
         return total_loss, self.optimizer_step()
 
-    # The three phases of a step, public so that bench/bench_train.py can time each one.
+    # The three phases of a step, public so that bench/bench_train.py can time each one. Each tells
+    # the guard where training is (the hang watchdog's phases).
 
     def compute_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The forward pass: the mean loss over a micro-batch, in the run's precision."""
+        if self.model.training:
+            self.guard.at("forward", self.progress.step + 1)
         with self.autocast():
             _, loss = self.model(inputs, targets)
         return loss
 
     def backward(self, loss: torch.Tensor) -> None:
         """Gradients of loss; the scaler is a no-op unless fp16 needs it."""
+        self.guard.at("backward", self.progress.step + 1)
         self.scaler.scale(loss).backward()
 
     def optimizer_step(self) -> torch.Tensor:
         """Clip, step and update the scaler; the gradients' norm before clipping (on the device)."""
+        self.guard.at("optimizer", self.progress.step + 1)
         self.scaler.unscale_(self.optimizer)  # clip true gradients, not scaled ones
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_norm_clip)
         self.scaler.step(self.optimizer)
@@ -455,7 +473,7 @@ class Trainer:
         self.model.eval()
         totals = torch.zeros(2, device=self.env.device)  # sum of sample losses, sample count
         for iteration, batch in enumerate(self.test_loader):
-            self.watch.at("evaluation", self.progress.step, iteration)
+            self.guard.at("evaluation", self.progress.step, iteration)
             inputs, targets = self.to_device(batch)
             loss = self.compute_loss(inputs, targets)
             totals[0] += loss.float() * len(inputs)
@@ -470,14 +488,13 @@ class Trainer:
     def _snapshot_if_due(self, decision: control.Decision = control.Decision(), **occasion: bool) -> None:
         when = self.checkpointer.due(self.progress, decision, **occasion)
         if when:
-            self.save_snapshot(when)
+            self._save_snapshot(when)
 
-    def save_snapshot(self, when: str) -> None:
+    def _save_snapshot(self, when: str) -> None:
         """Take a snapshot of the training state now (every rank calls it), `when` naming the
         moment in the log line; with async_snapshots, checkpointer.finish() waits for its write."""
         self.report.publish()  # the metrics file holds at least what the snapshot covers
-        self.watch.at("snapshot", self.progress.step)
+        self.guard.at("snapshot", self.progress.step)
         self.checkpointer.save(when, self.progress, self.model, self.optimizer, self.scaler)
-        if self.agreement is not None:
-            self.agreement.saved()
+        self.guard.saved()
 

@@ -22,7 +22,7 @@ MAIN = MINGPT / "main.py"
 WORKER_SCRIPTS = REPO / "tests" / "workers"  # torchrun entry points that look inside a rank
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]  # the `torchrun` console script's module
 
-LOSS_LINE = re.compile(r"\[GPU(\d+)\] Epoch (\d+) \| Iter (\d+) \| (Train|Eval) Loss ([\d.]+)")
+LOSS_LINE = re.compile(r"\[RANK(\d+)\] Epoch (\d+) \| Iter (\d+) \| (Train|Eval) Loss ([\d.]+)")
 
 WORDS = "the king queen shall speak of love and war to thee my lord good night sweet prince".split()
 

@@ -1,11 +1,12 @@
-"""generate.py's sampling: top-k, temperature, greedy decoding, context cropping, seeding and model mode."""
+"""GPT.generate's sampling (model.py): top-k, temperature, greedy decoding, context cropping, seeding and
+model mode."""
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn as nn
 
-from mingpt.generate import keep_top_k, sample
+from mingpt.model import keep_top_k
 from mingpt.model import GPT, GPTConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -19,6 +20,8 @@ class FixedLogits(nn.Module):
         self.config = SimpleNamespace(block_size=block_size)
         self.logits = torch.tensor(logits)
         self.contexts: list[torch.Tensor] = []
+
+    generate = GPT.generate  # sampling as GPT does it, over these logits
 
     def forward(self, idx: torch.Tensor):
         self.contexts.append(idx.clone())
@@ -36,7 +39,7 @@ def draw_once(model: nn.Module, rows: int, seed: int = 0, **settings) -> torch.T
     """One new token for each of `rows` one-token prompts: `rows` independent draws."""
     prompt = torch.zeros(rows, 1, dtype=torch.long)
     generator = torch.Generator().manual_seed(seed)
-    return sample(model, prompt, max_new_tokens=1, generator=generator, **settings)[:, -1]
+    return model.generate(prompt, max_new_tokens=1, generator=generator, **settings)[:, -1]
 
 
 def frequencies(tokens: torch.Tensor, vocab_size: int) -> list[float]:
@@ -77,9 +80,9 @@ def test_temperature_one_draws_from_the_softmax():
 def test_temperature_zero_is_greedy_like_top_k_one_and_ignores_the_seed():
     model = tiny_gpt()
     prompt = torch.tensor([[1, 2, 3]])
-    greedy = [sample(model, prompt, 12, temperature=0, generator=torch.Generator().manual_seed(s))
+    greedy = [model.generate(prompt, 12, temperature=0, generator=torch.Generator().manual_seed(s))
               for s in (1, 2)]
-    top_1 = sample(model, prompt, 12, temperature=1.0, top_k=1, generator=torch.Generator().manual_seed(3))
+    top_1 = model.generate(prompt, 12, temperature=1.0, top_k=1, generator=torch.Generator().manual_seed(3))
     assert torch.equal(greedy[0], greedy[1]) and torch.equal(greedy[0], top_1)
     logits, _ = model(prompt)
     assert greedy[0][0, 3] == logits[0, -1].argmax()  # the first new token is the most likely one
@@ -88,7 +91,7 @@ def test_temperature_zero_is_greedy_like_top_k_one_and_ignores_the_seed():
 def test_context_longer_than_block_size_is_cropped_to_the_last_block_size_tokens():
     model = FixedLogits([0.0, 1.0, 2.0], block_size=4)
     prompt = torch.tensor([[0, 1, 2, 0, 1, 2, 0, 1, 2, 0]])  # 10 tokens, block_size 4
-    out = sample(model, prompt, max_new_tokens=3, temperature=0)
+    out = model.generate(prompt, max_new_tokens=3, temperature=0)
     assert [c.shape[1] for c in model.contexts] == [4, 4, 4]
     for step, context in enumerate(model.contexts):
         assert torch.equal(context, out[:, 10 + step - 4: 10 + step])  # the newest tokens, not the oldest
@@ -97,7 +100,7 @@ def test_context_longer_than_block_size_is_cropped_to_the_last_block_size_tokens
 def test_real_gpt_continues_past_its_block_size():
     model = tiny_gpt()
     prompt = torch.randint(0, 7, (2, 20))  # block_size 8
-    out = sample(model, prompt, max_new_tokens=10, generator=torch.Generator().manual_seed(0))
+    out = model.generate(prompt, max_new_tokens=10, generator=torch.Generator().manual_seed(0))
     assert out.shape == (2, 30)
     assert torch.equal(out[:, :20], prompt)
     assert out.min() >= 0 and out.max() < 7
@@ -108,7 +111,7 @@ def test_same_seed_same_tokens_other_seed_other_tokens():
     prompt = torch.tensor([[1, 2, 3]])
 
     def run(seed: int) -> torch.Tensor:
-        return sample(model, prompt, 40, temperature=1.5, generator=torch.Generator().manual_seed(seed))
+        return model.generate(prompt, 40, temperature=1.5, generator=torch.Generator().manual_seed(seed))
 
     assert torch.equal(run(7), run(7))
     assert not torch.equal(run(7), run(8))
@@ -126,12 +129,12 @@ def test_runs_in_eval_mode_without_building_a_graph_and_restores_the_mode():
     model = tiny_gpt(dropout=0.5).train()
     seen = record_forwards(model)
     prompt = torch.tensor([[1, 2, 3]])
-    first, second = (sample(model, prompt, 10, temperature=0) for _ in range(2))
+    first, second = (model.generate(prompt, 10, temperature=0) for _ in range(2))
     assert seen == [(False, False, False)] * 20
     assert torch.equal(first, second), "dropout was active while sampling"
     assert model.training
     model.eval()
-    sample(model, prompt, 1)
+    model.generate(prompt, 1)
     assert not model.training
 
 
@@ -145,14 +148,14 @@ def test_mode_and_grad_mode_are_restored_when_the_model_fails_mid_sampling():
 
     model.register_forward_pre_hook(fail_on_third_call)
     with pytest.raises(RuntimeError, match="out of memory"):
-        sample(model, torch.tensor([[1, 2, 3]]), 10)
+        model.generate(torch.tensor([[1, 2, 3]]), 10)
     assert seen == [(False, False, False)] * 2
     assert model.training and torch.is_grad_enabled()
 
 
 def test_zero_new_tokens_returns_the_prompt():
     prompt = torch.tensor([[1, 2]])
-    assert torch.equal(sample(tiny_gpt(), prompt, 0), prompt)
+    assert torch.equal(tiny_gpt().generate(prompt, 0), prompt)
 
 
 @pytest.mark.parametrize("settings, message", [
@@ -164,9 +167,9 @@ def test_zero_new_tokens_returns_the_prompt():
 def test_meaningless_settings_are_refused(settings, message):
     arguments = {"max_new_tokens": 1, **settings}
     with pytest.raises(ValueError, match=message):
-        sample(tiny_gpt(), torch.tensor([[1]]), **arguments)
+        tiny_gpt().generate(torch.tensor([[1]]), **arguments)
 
 
 def test_an_empty_prompt_is_refused():
     with pytest.raises(ValueError, match="T >= 1"):
-        sample(tiny_gpt(), torch.zeros(1, 0, dtype=torch.long), 1)
+        tiny_gpt().generate(torch.zeros(1, 0, dtype=torch.long), 1)

@@ -324,16 +324,27 @@ def quick_start_commands() -> list[list[str]]:
 
 
 def test_the_quick_start_works_in_order_in_a_fresh_clone_with_no_network(tmp_path, monkeypatch):
-    """The README's quick start as written, in a clone with no network, made short: the default run
-    with batch 4 (its 216 take half a minute a step here), stopped by SIGTERM to its whole process
-    group (its data worker too) once it trains; then the laptop config, 20 steps, although the default
-    run's snapshot of another model is there; then generate.py (in this process) on what that left."""
-    default, laptop, sample = quick_start_commands()
+    """The README's quick start as written, in a clone with no network, made short: the laptop config,
+    20 steps; generate.py (in this process) on what that left; then the original's default run with
+    batch 4 (its 216 take half a minute a step here), which says before its first step how long it
+    would take, stopped by SIGTERM to its whole process group (its data worker too) once it trains,
+    although the laptop run's snapshot of another model is there."""
+    laptop, sample, default = quick_start_commands()
     assert default == [".venv/bin/python", "mingpt/main.py"] and laptop[-2:] == ["--config-name", "laptop"]
     root = fresh_clone(tmp_path)
     assert sha256(root / "data" / "input.txt") == SHAKESPEARE_SHA256  # tracked, and tiny-shakespeare
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(root))
     python = [*offline(), sys.executable]
+    short = ["trainer_config.max_steps=20", "trainer_config.eval_every_steps=10"]
+    trained = run([*python, *laptop[1:], *short], cwd=root, env=env)
+    assert_ok(trained)
+    sample_line = "Sample from its snapshot: python mingpt/generate.py --snapshot laptop_snapshot.pt"
+    assert sample_line in trained.stdout
+    assert sample[:2] == [".venv/bin/python", "mingpt/generate.py"]  # run here, in this process
+    monkeypatch.chdir(root)
+    text = generate.generate(generate.parse_args([*sample[2:], "--length", "50"]))
+    assert text.startswith("ROMEO:") and len(text) == len("ROMEO:") + 50
+
     process = subprocess.Popen([*python, *default[1:], "trainer_config.batch_size=4"], cwd=root, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
@@ -353,16 +364,10 @@ def test_the_quick_start_works_in_order_in_a_fresh_clone_with_no_network(tmp_pat
     assert "50,076 train and 5,565 test samples (random split)" in output
     assert re.search(r"^Batch: 4 per process x 1 accumulation, 512 tokens per step, 12,519 steps per epoch, "
                      r"10 epochs", output, re.M), output
-
-    short = ["trainer_config.max_steps=20", "trainer_config.eval_every_steps=10"]
-    trained = run([*python, *laptop[1:], *short], cwd=root, env=env)
-    assert_ok(trained)
-    sample_line = "Sample from its snapshot: python mingpt/generate.py --snapshot laptop_snapshot.pt"
-    assert sample_line in trained.stdout
-    assert sample[:2] == [".venv/bin/python", "mingpt/generate.py"]  # run here, in this process
-    monkeypatch.chdir(root)
-    text = generate.generate(generate.parse_args([*sample[2:], "--length", "50"]))
-    assert text.startswith("ROMEO:") and len(text) == len("ROMEO:") + 50
+    # A GPU-sized run on this CPU says so before its first step, naming the laptop config.
+    forecast = re.search(r"^This run will take about .* estimated before the first\); for a run of minutes on "
+                         r"a CPU: python mingpt/main.py --config-name laptop$", output, re.M)
+    assert forecast and forecast.start() < output.index("Epoch 1 | Iter 0 |"), output
 
 
 @pytest.fixture(scope="module")

@@ -65,6 +65,8 @@ class Transfer:
     """Bytes moved so far (where the store tells)."""
     moved_at: float = field(default_factory=time.monotonic)
     """When bytes last moved (or it started)."""
+    temporary: Optional[str] = None
+    """A local temporary file it writes, to remove if the process must end at once (abandon_transfers)."""
 
     def advance(self, count: int) -> None:
         self.done += count
@@ -81,6 +83,16 @@ _under_way_lock = threading.Lock()
 STORE_LIBRARIES = ("botocore", "aiobotocore", "aiohttp", "s3fs", "fsspec", "gcsfs", "adlfs", "urllib3",
                    "requests", "http")
 """Where a store's own exceptions come from (besides OSError): what a StorageError stands for."""
+
+
+def abandon_transfers() -> None:
+    """The process ends now, its writes unfinished: their local temporary files go (the files they
+    would have replaced are as they were; an object store shows nothing of an unfinished upload)."""
+    with _under_way_lock:
+        temporaries = [transfer.temporary for transfer in _under_way if transfer.temporary]
+    for temporary in temporaries:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
 
 
 def stalled_transfer(after_s: float) -> Optional[Transfer]:
@@ -252,6 +264,8 @@ def write_atomically(url: str, write: Callable[[IO[bytes]], None]) -> None:
     fs, target = _resolve(url)
     temporary = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
     with transfer("write", url) as under_way:
+        if isinstance(fs, LocalFileSystem):
+            under_way.temporary = temporary
         try:
             _make_folder(fs, fs._parent(target))
             with fs.open(temporary, "wb") as f:

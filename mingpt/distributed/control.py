@@ -9,10 +9,11 @@ clocks differ.
 
 So after every step each rank posts what it wants (stop: the number of a signal it received; save:
 rank 0's timer has run out; save failed: its background snapshot writer ended with an error, which
-as a rule only the writing rank sees) to a small all-reduce (max) on a gloo group of its own. The
-all-reduce runs in gloo's background thread and is read one step later, when it has long finished:
-no rank waits for it, and on a GPU it never synchronises the device. Every rank reads the same
-result after the same step, so all act at the same step boundary, one step after the request.
+as a rule only the writing rank sees) to a small all-reduce (max) of host integers on a gloo group
+of its own, and every rank reads the same result after the same step: all act at the step in which
+the request came, at its end. (It was read one step later, so that no rank waited for it; but a step
+of the default model is minutes on a laptop CPU, and Ctrl-C then ran a whole step more. Waiting
+costs one small gloo all-reduce per step, which never synchronises a GPU: bench/bench_step_checks.py.)
 
 Every process of a run may receive the signal: Slurm signals every process of a job step, `timeout`
 and `kill -- -PGID` a whole process group, torchrun each worker's whole session. DataLoader workers
@@ -20,18 +21,24 @@ therefore ignore the stop signals and Ctrl-C (`leave_stops_to_training`, their w
 the training process stops them itself once it has saved; a worker that dies of anything else is
 still reported by the DataLoader as before.
 
-A run that diverges (a loss or gradient norm that is NaN or infinite) is seen on the device by a
-DivergenceWatch, without waiting for it; the host reads its verdict a step later and posts it to the
-same all-reduce, so every rank stops at the same step, before any snapshot of the ruined weights.
+A run that diverges (a loss or gradient norm that is NaN or infinite, or a loss spike) is seen on
+the device by a DivergenceWatch, without waiting for it; the host reads its verdict a step later and
+posts it to the same all-reduce, so every rank stops at the same step, before any snapshot of the
+ruined weights.
 
-Ctrl-C (SIGINT) is always a stop request: the first stops at the next step boundary with a snapshot,
-like SIGTERM; a second quits at once (KeyboardInterrupt), without a new snapshot, leaving the last
-complete one as it was (writes are atomic). Either way the process exits with status 130.
+Ctrl-C (SIGINT) is always a stop request: the first stops at the end of the step it came in with a
+snapshot, like SIGTERM; a second quits at once (KeyboardInterrupt), without a new snapshot, leaving
+the last complete one as it was (writes are atomic). Either way the process exits with status 130.
+Python runs a signal's handler only between two of its own instructions, and a step may sit in one
+long call of C++ for minutes (a whole backward pass on a laptop CPU, a collective waiting for a
+peer): so a thread of its own (CtrlC) sees each Ctrl-C the moment it comes, says the first at once,
+and ends the process after the second if the handler has not within QUIT_WAIT_S.
 """
 import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +48,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from mingpt.common import files
 from mingpt.common.errors import check
 from mingpt.distributed.process_group import DistEnv, side_group
 
@@ -126,6 +134,66 @@ class Decision:
 
 CTRL_C_LINE = (b"\nCtrl-C: stopping at the end of this step with a snapshot; "
                b"press Ctrl-C again to quit at once without one\n")
+QUIT_LINE = b"Interrupted: quit without a new snapshot (the last complete one is as it was)\n"
+QUIT_WAIT_S = 2.0
+"""After a second Ctrl-C, how long the training thread has to quit by itself (KeyboardInterrupt,
+which removes a half-written temporary file) before CtrlC ends the process."""
+
+
+class CtrlC:
+    """Each Ctrl-C seen the moment it comes, by a thread reading the byte Python's C-level handler
+    writes to the wakeup fd for every signal (the Python-level handler, StepAgreement's, runs only
+    once the training thread is back in Python). The first is said at once (global rank 0); after
+    the second, a process still there QUIT_WAIT_S later says so and ends, its temporary files gone."""
+
+    def __init__(self, is_main: bool):
+        self.is_main = is_main
+        self._read, write = os.pipe()
+        os.set_blocking(write, False)
+        self._write = write
+        self._previous_fd = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        self._quitting: Optional[threading.Timer] = None
+        self._thread = threading.Thread(target=self._watch, name="mingpt-ctrl-c", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        presses = 0
+        while True:
+            try:
+                numbers = os.read(self._read, 64)
+            except OSError:
+                return
+            if not numbers:  # closed: the run is over
+                return
+            for number in numbers:
+                if number != signal.SIGINT:
+                    continue
+                presses += 1
+                if presses == 1 and self.is_main:
+                    os.write(sys.stdout.fileno(), CTRL_C_LINE)
+                elif presses == 2:
+                    self._quitting = threading.Timer(QUIT_WAIT_S, self._quit)
+                    self._quitting.daemon = True
+                    self._quitting.start()
+
+    def _quit(self) -> None:
+        files.abandon_transfers()
+        if self.is_main:
+            os.write(sys.stderr.fileno(), QUIT_LINE)
+        os._exit(INTERRUPT_EXIT_STATUS)
+
+    def close(self) -> None:
+        """The training thread has left training (a second Ctrl-C's KeyboardInterrupt among the ways):
+        nothing more to watch, nothing to end."""
+        signal.set_wakeup_fd(self._previous_fd)
+        self._thread_stopping()
+
+    def _thread_stopping(self) -> None:
+        os.close(self._write)
+        self._thread.join()
+        os.close(self._read)
+        if self._quitting is not None:
+            self._quitting.cancel()
 
 
 def handled_signals(stop_signals: list[str]) -> tuple[int, ...]:
@@ -142,47 +210,33 @@ class StepAgreement:
         self.requested = 0
         """The first stop signal this process received (0: none)."""
         self._group = side_group(env)  # never queued behind gradient traffic
-        self._in_flight: Optional[tuple[dist.Work, torch.Tensor]] = None
         self._last_save = time.monotonic()
         self._previous_handlers = {number: signal.signal(number, self._on_signal)
                                    for number in handled_signals(stop_signals)}
+        self._ctrl_c = CtrlC(env.is_main)
 
     def _on_signal(self, number: int, frame: Optional[FrameType]) -> None:
-        """Only note it: a second signal, say during the last snapshot, changes nothing; a second
-        Ctrl-C quits at once."""
-        if number == signal.SIGINT:
-            if self.requested:
-                raise KeyboardInterrupt
-            if self.is_main:  # os.write: print() may be in use by the code this handler interrupted
-                os.write(sys.stdout.fileno(), CTRL_C_LINE)
+        """Only note it (CtrlC says a first Ctrl-C): a second signal, say during the last snapshot,
+        changes nothing; a second Ctrl-C quits at once."""
+        if number == signal.SIGINT and self.requested:
+            raise KeyboardInterrupt
         self.requested = self.requested or number
 
     def after_step(self, save_failed: bool = False, diverged_since: int = 0) -> Decision:
         """Every rank calls this after every step, saying whether its background save failed and
-        since which step its run has diverged (0: it has not); the ranks' wishes of the previous
-        call decide."""
-        decision = self._collect()
-        save_due = (self.is_main and not decision.save and self.save_interval_s > 0
+        since which step its run has diverged (0: it has not); what all of them want decides."""
+        save_due = (self.is_main and self.save_interval_s > 0
                     and time.monotonic() - self._last_save >= self.save_interval_s)
         wishes = torch.tensor([self.requested, int(save_due), int(save_failed), diverged_since],
                               dtype=torch.int64)
-        self._in_flight = (dist.all_reduce(wishes, op=dist.ReduceOp.MAX, group=self._group, async_op=True),
-                           wishes)
-        return decision
+        dist.all_reduce(wishes, op=dist.ReduceOp.MAX, group=self._group)
+        stop, save, save_failed, diverged_since = wishes.tolist()
+        return Decision(stop_signal=stop or None, save=bool(save), save_failed=bool(save_failed),
+                        diverged_since=diverged_since)
 
     def saved(self) -> None:
         """A snapshot was taken (for whatever reason): the timer starts again."""
         self._last_save = time.monotonic()
-
-    def _collect(self) -> Decision:
-        if self._in_flight is None:
-            return Decision()
-        work, wishes = self._in_flight
-        work.wait()
-        self._in_flight = None
-        stop, save, save_failed, diverged_since = wishes.tolist()
-        return Decision(stop_signal=stop or None, save=bool(save), save_failed=bool(save_failed),
-                        diverged_since=diverged_since)
 
     def __enter__(self) -> "StepAgreement":
         return self
@@ -191,10 +245,8 @@ class StepAgreement:
         self.close()
 
     def close(self) -> None:
-        """Finish the last exchange and give the signals back to their previous handlers."""
-        if self._in_flight is not None:
-            self._in_flight[0].wait()
-            self._in_flight = None
+        """Give the signals back to their previous handlers."""
+        self._ctrl_c.close()
         for number, handler in self._previous_handlers.items():
             signal.signal(number, handler)
         dist.destroy_process_group(self._group)

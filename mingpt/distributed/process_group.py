@@ -99,25 +99,30 @@ def _env_int(name: str, default: int) -> int:
 
 
 def _pick_device(local_rank: int, local_world_size: int) -> torch.device:
-    """This rank's GPU, or the CPU on a machine without one. Two ranks never share a GPU: NCCL
-    refuses that ("Duplicate GPU detected"), and the error would surface as a lost peer."""
-    if not torch.cuda.is_available():
+    """This rank's GPU, found as upstream finds it since pytorch/examples 698a89e (torch.accelerator,
+    then set_device_index), or the CPU on a machine without one. CUDA only: this project's mixed
+    precision, NCCL collectives and step timing are CUDA's, so another accelerator (MPS, XPU) is left
+    alone and the CPU trains (docs/distributed.md). Two ranks never share a GPU: NCCL refuses that
+    ("Duplicate GPU detected"), and the error would surface as a lost peer."""
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    if accelerator is None or accelerator.type != "cuda":
         return torch.device("cpu")
-    gpus = torch.cuda.device_count()
+    gpus = torch.accelerator.device_count()
     if local_world_size > gpus and not ranks_share_gpu():
         raise MinGPTError(f"{local_world_size} processes on this machine but {gpus} GPU(s) visible; start "
                           f"one process per GPU (torchrun --nproc_per_node={gpus}, or python launch.py)")
-    device = torch.device("cuda", local_rank % gpus)
-    torch.cuda.set_device(device)
-    return device
+    torch.accelerator.set_device_index(local_rank % gpus)
+    return torch.device("cuda", local_rank % gpus)
 
 
 def backend_for(device: torch.device) -> str:
     """NCCL for CUDA tensors, and gloo beside it for CPU tensors: FSDP's CPU offload keeps gradient
     shards in host memory, and clipping all-reduces their norms, which a plain "nccl" group refuses
-    ("No backend type associated with device type cpu"). Gloo alone on a CPU-only machine, and for
-    ranks that share a GPU (RANKS_SHARE_GPU)."""
-    return "cuda:nccl,cpu:gloo" if device.type == "cuda" and not ranks_share_gpu() else "gloo"
+    ("No backend type associated with device type cpu"). On the CPU, the backend torch gives it
+    (gloo), as upstream asks for it; gloo too for ranks that share a GPU (RANKS_SHARE_GPU)."""
+    if device.type == "cuda" and not ranks_share_gpu():
+        return f"cuda:{dist.get_default_backend_for_device(device)},cpu:gloo"
+    return "gloo"
 
 
 def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> DistEnv:

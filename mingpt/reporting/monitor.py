@@ -50,6 +50,16 @@ class TrainingMonitor:
         self.ranks_note: Callable[[int], str] = lambda step: ""
         """What the progress line says of the ranks at a step (a slow one: stragglers.py), or ""."""
 
+    def forecast(self, steps: int, step_estimate_s: float) -> None:
+        """Before the first step: the long-run hint now, when the steps at the estimated time each
+        (from the device's peak) are a long run already, rather than after two steps (minutes each
+        for a GPU-sized model on a laptop CPU)."""
+        eta_s = steps * step_estimate_s
+        if self.active and self.long_run_hint and eta_s > LONG_RUN_S:
+            log.info(f"This run will take about {format_eta(eta_s)} here ({steps:,} steps of about "
+                     f"{step_estimate_s:.0f} s, estimated before the first); {self.long_run_hint}")
+            self.long_run_hint = ""
+
     def restart_window(self) -> None:
         """Measure afresh from the end of the next step: call before training starts or resumes
         after anything that is not training (eval, snapshots)."""

@@ -120,7 +120,7 @@ class RunReport:
     def loss_line(self, kind: str, epoch: int, iteration: int, loss: torch.Tensor) -> None:
         if iteration % self.log_every == 0:
             # .item() waits for the device: only when printing.
-            log.info(f"[GPU{self.rank}] Epoch {epoch} | Iter {iteration} | {kind} Loss {loss.item():.5f}")
+            log.info(f"[RANK{self.rank}] Epoch {epoch} | Iter {iteration} | {kind} Loss {loss.item():.5f}")
             self.metrics.flush()
 
     def evaluation(self, epoch: int, progress: Progress, mean_loss: torch.Tensor, samples: int,
@@ -129,7 +129,7 @@ class RunReport:
                             samples=samples)
         self.metrics.flush()
         self.eval_loss, self.evaluated_at = mean_loss.item(), progress.step
-        log.info(f"[GPU{self.rank}] Epoch {epoch} | Step {progress.step} | Eval Loss {self.eval_loss:.5f} "
+        log.info(f"[RANK{self.rank}] Epoch {epoch} | Step {progress.step} | Eval Loss {self.eval_loss:.5f} "
                  f"(mean over {samples} samples on {world_size} ranks)")
 
     def pause(self) -> None:

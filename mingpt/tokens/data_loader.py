@@ -129,32 +129,29 @@ def make_dataloader(dataset: Dataset, batch_size: int, workers: Optional[int], e
     )
 
 
-def rank_loaders(train: Dataset, test: Optional[Dataset], batch_size: int, grad_accum_steps: int,
-                 eval_batches: int, workers: Optional[int], seed: int, env: DistEnv,
-                 signals_for_training: tuple[int, ...]) -> tuple[DataLoader, Optional[DataLoader]]:
-    """This rank's training and test loaders. A training batch holds a whole optimizer step
-    (grad_accum_steps micro-batches); none for the test split without one. The test loader gives the
-    whole test split in order when it fits in eval_batches batches per rank (or eval_batches is 0);
-    a larger one is bounded to that many, the same at every evaluation: windows spread over it
-    without overlap, where it is consecutive windows of a text (its `spread`), or else a fixed seeded
-    subset of its order."""
+def rank_loader(dataset: Dataset, batch_size: int, grad_accum_steps: Optional[int], eval_batches: int,
+                workers: Optional[int], seed: int, env: DistEnv, signals_for_training: tuple[int, ...]) -> DataLoader:
+    """This rank's loader of a split: for training (grad_accum_steps given) a batch holds a whole
+    optimizer step (grad_accum_steps micro-batches), in the epoch's shuffled global order (shards read
+    a few at a time). For evaluation (None), the whole split in order when it fits in eval_batches
+    batches per rank (or eval_batches is 0); a larger one is bounded to that many, the same at every
+    evaluation: windows spread over it without overlap, where it is consecutive windows of a text (its
+    `spread`), or else a fixed seeded subset of its order (drawn from the whole split)."""
     def loader(dataset: Dataset, batch: int, shuffle: bool, limit: Optional[int] = None,
                blocks: Optional[Blocks] = None) -> DataLoader:
         return make_dataloader(dataset, batch, workers, env, shuffle=shuffle, seed=seed, limit=limit,
                                signals_for_training=signals_for_training, blocks=blocks)
 
-    # Shards are read a few at a time in training; evaluation's subset is drawn from the whole split.
-    train_blocks = train.blocks() if hasattr(train, "blocks") else None
-    train_loader = loader(train, batch_size * grad_accum_steps, shuffle=True, blocks=train_blocks)
-    if not test:  # none, or empty
-        return train_loader, None
+    if grad_accum_steps is not None:
+        blocks = dataset.blocks() if hasattr(dataset, "blocks") else None
+        return loader(dataset, batch_size * grad_accum_steps, shuffle=True, blocks=blocks)
     bound = eval_batches * batch_size * env.world_size
-    if not eval_batches or len(test) <= bound:
-        return train_loader, loader(test, batch_size, shuffle=False)
-    spread = test.spread(bound) if hasattr(test, "spread") else None
+    if not eval_batches or len(dataset) <= bound:
+        return loader(dataset, batch_size, shuffle=False)
+    spread = dataset.spread(bound) if hasattr(dataset, "spread") else None
     if spread is not None:
-        return train_loader, loader(spread, batch_size, shuffle=False)
-    return train_loader, loader(test, batch_size, shuffle=True, limit=bound)
+        return loader(spread, batch_size, shuffle=False)
+    return loader(dataset, batch_size, shuffle=True, limit=bound)
 
 
 def batches_per_rank(num_samples: int, batch_size: int, world_size: int) -> int:

@@ -41,7 +41,7 @@ def one_step(tmp_path, monkeypatch, mode: str, amp_dtype) -> tuple[dict, list[in
     trainer.compute_loss = measured_loss
     ids = torch.randint(dataset.vocab_size, (8, 17), generator=torch.Generator().manual_seed(0))
     torch.manual_seed(1)  # the dropout masks
-    trainer.train_step(ids[:, :-1], ids[:, 1:])
+    trainer._run_batch(ids[:, :-1], ids[:, 1:])
     return {name: param.grad for name, param in trainer.model.named_parameters()}, saved
 
 

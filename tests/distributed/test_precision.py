@@ -249,7 +249,7 @@ def test_an_fp16_step_never_reads_a_value_back_to_the_host(tmp_path, monkeypatch
     monkeypatch.setattr(torch.Tensor, "item", lambda tensor: readers.append(sys._getframe(1).f_code.co_name)
                         or item(tensor))
     for _ in range(3):
-        trainer.train_step(inputs, targets)
+        trainer._run_batch(inputs, targets)
     monkeypatch.undo()  # before anything else reads a value back
     # ShardedGradScaler updates a scale that lives on the CPU in Python; on a GPU, with a kernel.
     assert [reader for reader in readers if reader != "_amp_update_scale_cpu_"] == []
@@ -261,7 +261,7 @@ def test_use_amp_computes_in_bf16_on_this_cpu(tmp_path, monkeypatch, world_of_on
     trainer, inputs, targets = small_trainer(tmp_path, monkeypatch)
     dtypes = []
     unwrap(trainer.model).head.register_forward_hook(lambda module, args, output: dtypes.append(output.dtype))
-    trainer.train_step(inputs, targets)
+    trainer._run_batch(inputs, targets)
     assert dtypes == [torch.bfloat16]
 
 
@@ -284,6 +284,6 @@ def test_clipping_sees_the_unscaled_gradient_norm(tmp_path, monkeypatch, world_o
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", recording_clip)
     assert trainer.scaler.is_enabled() and trainer.scaler.get_scale() == INITIAL_SCALE
-    trainer.train_step(inputs, targets)
+    trainer._run_batch(inputs, targets)
     assert seen == [pytest.approx(true_norm, rel=0.02)]
     assert true_norm > trainer.config.grad_norm_clip  # the clip acts on this step

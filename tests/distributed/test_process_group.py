@@ -19,9 +19,27 @@ def test_cuda_ranks_get_a_cpu_backend_beside_nccl():
     assert process_group.backend_for(torch.device("cpu")) == "gloo"
 
 
+def an_accelerator(monkeypatch, kind: str = "cuda", count: int = 1) -> list[int]:
+    """torch.accelerator as a machine with `count` accelerators of `kind` shows it; the indices set."""
+    chosen = []
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *args: torch.device(kind))
+    monkeypatch.setattr(torch.accelerator, "device_count", lambda: count)
+    monkeypatch.setattr(torch.accelerator, "set_device_index", chosen.append)
+    return chosen
+
+
+def test_the_device_is_torch_accelerator_s_as_upstream_picks_it(monkeypatch):
+    """pytorch/examples 698a89e: the local rank's accelerator, set with set_device_index."""
+    chosen = an_accelerator(monkeypatch, count=4)
+    assert process_group._pick_device(local_rank=2, local_world_size=4) == torch.device("cuda", 2)
+    assert chosen == [2]
+    an_accelerator(monkeypatch, kind="mps")  # a Mac's: this project's GPU path is CUDA's
+    assert process_group._pick_device(local_rank=0, local_world_size=1) == torch.device("cpu")
+
+
 def test_more_ranks_than_gpus_is_refused_up_front(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    an_accelerator(monkeypatch)
     with pytest.raises(MinGPTError, match=r"2 processes on this machine but 1 GPU\(s\) visible.*"
                                           r"--nproc_per_node=1"):
         process_group._pick_device(local_rank=1, local_world_size=2)
@@ -29,9 +47,7 @@ def test_more_ranks_than_gpus_is_refused_up_front(monkeypatch):
 
 def test_ranks_may_share_a_gpu_through_gloo_when_asked(monkeypatch):
     """bench/multi_rank_cuda.py's way to run 2 ranks on a machine's one GPU (NCCL would refuse)."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    an_accelerator(monkeypatch)
     monkeypatch.setenv(process_group.RANKS_SHARE_GPU, "1")
     assert process_group._pick_device(local_rank=1, local_world_size=2) == torch.device("cuda", 0)
     assert process_group.backend_for(torch.device("cuda", 0)) == "gloo"

@@ -262,7 +262,7 @@ def test_a_mid_shard_snapshot_resumed_at_another_world_size_continues_the_sample
 
     from mingpt.char_dataset import DataConfig, open_corpus, split_dataset
     from mingpt.distributed.process_group import DistEnv
-    from mingpt.tokens.data_loader import GlobalOrderSampler, rank_loaders
+    from mingpt.tokens.data_loader import GlobalOrderSampler, rank_loader
 
     snapshot, record = tmp_path / "snap.pt", tmp_path / "samples"
     record.mkdir()
@@ -288,7 +288,7 @@ def test_a_mid_shard_snapshot_resumed_at_another_world_size_continues_the_sample
     train, test = split_dataset(open_corpus(data), data, seed, open_corpus(data, validation=True))
     one_rank = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"),
                        backend="gloo")
-    loader, _ = rank_loaders(train, test, 32, 1, 0, 0, seed, one_rank, ())
+    loader = rank_loader(train, 32, 1, 0, 0, seed, one_rank, ())
     loader.sampler.set_epoch(1)
     order = torch.cat(list(loader.sampler)).tolist()  # the order of a run of 1 rank
     assert 1920 < len(order) and len(train) == len(order)

@@ -16,7 +16,7 @@ from mingpt.tokens.data_loader import (
     GlobalOrderSampler,
     batches_per_rank,
     make_dataloader,
-    rank_loaders,
+    rank_loader,
     usable_workers,
 )
 from mingpt.tokens.permutation import BlockOrder, Blocks
@@ -172,9 +172,9 @@ def test_a_block_order_is_dealt_as_the_permutation_is_and_reads_the_next_blocks_
 # ----------------------------------------------------------------------------------- evaluation
 
 def eval_loader(test, batch_size, eval_batches=DEFAULT_EVAL_BATCHES, rank=0, world_size=1):
-    """The Trainer's test loader of rank `rank` (rank_loaders, as Trainer.__init__ calls it)."""
-    _, loader = rank_loaders(test, test, batch_size, 1, eval_batches, workers=0, seed=5,
-                             env=env(rank, world_size), signals_for_training=())
+    """The Trainer's test loader of rank `rank` (rank_loader, as Trainer._prepare_dataloader calls it)."""
+    loader = rank_loader(test, batch_size, None, eval_batches, workers=0, seed=5, env=env(rank, world_size),
+                         signals_for_training=())
     return loader
 
 

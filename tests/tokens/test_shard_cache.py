@@ -14,7 +14,7 @@ from helpers import make_text, write_llmc_shard
 from mingpt.char_dataset import DataConfig, open_corpus, split_dataset
 from mingpt.common.errors import ConfigError, DataError
 from mingpt.distributed.process_group import DistEnv
-from mingpt.tokens.data_loader import rank_loaders
+from mingpt.tokens.data_loader import rank_loader
 from mingpt.tokens.shard_cache import FOLDER, ShardCache, copy_name
 from mingpt.tokens.tokenizer import train_bpe
 
@@ -55,7 +55,7 @@ def data(path: str, tokenizer, **settings) -> DataConfig:
 def batches(config: DataConfig, watch=lambda: None) -> list[torch.Tensor]:
     """Every training batch of an epoch, as the Trainer's loader gives them (0 workers)."""
     train, test = split_dataset(open_corpus(config), config, seed=0, validation=open_corpus(config, True))
-    loader, _ = rank_loaders(train, test, 32, 1, 0, 0, 0, ONE_RANK, ())
+    loader = rank_loader(train, 32, 1, 0, 0, 0, ONE_RANK, ())
     loader.sampler.set_epoch(1)
     read = []
     for batch in loader:

@@ -13,7 +13,7 @@ from mingpt.char_dataset import DataConfig, open_corpus, prepare_corpus, split_d
 from mingpt.common.errors import ConfigError, DataError, own_line
 from mingpt.distributed.process_group import DistEnv
 from mingpt.tokens import shards
-from mingpt.tokens.data_loader import rank_loaders
+from mingpt.tokens.data_loader import rank_loader
 from mingpt.tokens.shards import names_shards, open_shards
 from mingpt.tokens.tokenizer import train_bpe
 
@@ -292,7 +292,8 @@ def test_shards_trained_whole_are_read_a_few_at_a_time_in_consecutive_windows(tm
     blocks = train.blocks()  # windows starting in each shard: at 0..496, 512..992, 1008..1472
     assert blocks.sizes == [32, 31, 30] and blocks.at_once == 2 and test.blocks() is None
     blocks.warm([0, 2])  # asks the kernel to read them ahead; nothing to wait for
-    train_loader, test_loader = rank_loaders(train, test, 8, 1, 0, 0, 0, ONE_RANK, ())
+    train_loader = rank_loader(train, 8, 1, 0, 0, 0, ONE_RANK, ())
+    test_loader = rank_loader(test, 8, None, 0, 0, 0, ONE_RANK, ())
     assert train_loader.sampler.blocks.sizes == blocks.sizes and test_loader.sampler.blocks is None
     contiguous = config(folder, tokenizer, split="contiguous", train_split=0.5, shards_at_once=1)
     train, test = split_dataset(open_corpus(contiguous), contiguous, seed=0)

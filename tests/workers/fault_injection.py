@@ -51,7 +51,7 @@ def fail() -> None:
 
 def kill_after(method_name: str, should_die, die=die) -> None:
     """Wrap Trainer.<method_name> so that the process dies once should_die(trainer, args) holds
-    (train_step returns before the step is counted in trainer.progress)."""
+    (_run_batch returns before the step is counted in trainer.progress)."""
     original = getattr(Trainer, method_name)
 
     def wrapped(self, *args, **kwargs):
@@ -133,7 +133,7 @@ def plant(fault: str) -> None:
     kind, value = fault.split(":")
     number = int(value)
     if kind == "step":
-        kill_after("train_step", lambda trainer, args: trainer.progress.step + 1 == number)
+        kill_after("_run_batch", lambda trainer, args: trainer.progress.step + 1 == number)
     elif kind == "eval":
         kill_after("evaluate", lambda trainer, args: args[0] == number)
     elif kind == "snapshot_write":
@@ -145,7 +145,7 @@ def plant(fault: str) -> None:
     elif kind == "slow_config":
         slow_config(number)
     elif kind == "error":
-        kill_after("train_step", lambda trainer, args: trainer.progress.step + 1 == number, die=fail)
+        kill_after("_run_batch", lambda trainer, args: trainer.progress.step + 1 == number, die=fail)
     else:
         raise ValueError(f"unknown FAULT {fault!r}")
 

@@ -41,7 +41,7 @@ def write_after(method_name: str, kind: str, when=lambda trainer: True) -> None:
 
 
 if __name__ == "__main__":
-    write_after("save_snapshot", "saved")
+    write_after("_save_snapshot", "saved")
     write_after("__init__", "restored", when=lambda trainer: trainer.progress.step > 0)  # resumed
     # As a script, so that Hydra finds its config beside main.py.
     runpy.run_path(str(MINGPT / "main.py"), run_name="__main__")

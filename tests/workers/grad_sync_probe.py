@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc_per_node=2 tests/workers/grad_sync_probe.py OUT_DIR
 
-For ddp and then fsdp, one optimizer step of Trainer.train_step over a batch of 32 samples per
+For ddp and then fsdp, one optimizer step of Trainer._run_batch over a batch of 32 samples per
 rank, taken whole (grad_accum_steps=1) and as 2 micro-batches of 16 (grad_accum_steps=2), from the
 same initial weights, without dropout. Each backward pass counts the gradient collectives it
 issued: DDP's all-reduces through a comm hook, FSDP's reduce-scatters (and any all-reduce) by
@@ -67,7 +67,7 @@ class CollectiveCount:
 
 def one_step(method: str, accum: int, dataset: CharDataset, inputs, targets, env, counter, saved_as: Path,
              dropout: float = 0.0, **settings) -> tuple[list[int], list[int]]:
-    """One train_step, its end state saved (rank 0) as saved_as; returns the collectives each
+    """One _run_batch, its end state saved (rank 0) as saved_as; returns the collectives each
     micro-batch's backward pass issued, and the bytes each forward pass saved for backward.
     settings: more TrainerConfig fields."""
     torch.manual_seed(0)
@@ -95,7 +95,7 @@ def one_step(method: str, accum: int, dataset: CharDataset, inputs, targets, env
 
     trainer.backward, trainer.compute_loss = counted_backward, measured_loss
     torch.manual_seed(1 + env.rank)  # dropout masks of this rank's own
-    trainer.train_step(inputs, targets)
+    trainer._run_batch(inputs, targets)
     model_state, optimizer_state = gather_full_state(trainer.model, trainer.optimizer)
     if env.is_main:
         state = {"model": model_state, "optimizer": optimizer_state}

@@ -65,7 +65,7 @@ def probe(method: str, text_path: str, env) -> dict:
                      for start in train_set.starts(batch).tolist()]
     inputs, targets = trainer.to_device(next(iter(trainer.train_loader)))
     before = digest(trainer)
-    trainer.train_step(inputs, targets)
+    trainer._run_batch(inputs, targets)
     after = digest(trainer)
 
     modes = []
@@ -74,7 +74,7 @@ def probe(method: str, text_path: str, env) -> dict:
     hook.remove()
     local_sum, local_count = local_test_loss(trainer)
 
-    trainer.save_snapshot("epoch 1")
+    trainer._save_snapshot("epoch 1")
     return {
         "rank": env.rank,
         "world_size": env.world_size,

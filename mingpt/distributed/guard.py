@@ -1,0 +1,66 @@
+"""What watches a run while it trains, behind the one object the Trainer holds: where this rank is
+in its step, for the hang watchdog (watchdog.py); whether the run has diverged (control.py's
+DivergenceWatch); and the decisions every rank takes at the same step (control.py's StepAgreement:
+stop signals, the snapshot timer, a failed save, divergence). The Trainer's step reads as the
+original's _run_batch; it tells the guard where it is, and after each step asks it what to do.
+"""
+from typing import Optional
+
+import torch
+
+from mingpt.distributed.control import Decision, DivergenceWatch, Health, SpikeRule, StepAgreement
+from mingpt.distributed.process_group import DistEnv
+from mingpt.distributed.stragglers import StepClock
+from mingpt.distributed.watchdog import RunWatchdog
+
+
+class RunGuard:
+    """One rank's watch over its run (a context: the watchdog's thread and the signal handlers live
+    inside it, from train()'s start to its end)."""
+
+    def __init__(self, env: DistEnv, hang_timeout_s: float, report_folder: str, kept, compiled: bool,
+                 scaled: bool, spike: SpikeRule, stop_signals: list[str], save_every_minutes: float):
+        self.watch = RunWatchdog(env.rank, env.world_size, hang_timeout_s, report_folder, kept,
+                                 StepClock(env.device), compiled=compiled)
+        """Where this rank is and how long its steps take, for the others to see."""
+        self.divergence = DivergenceWatch(env.device, scaled=scaled, spike=spike)
+        self._agreement_settings = (stop_signals, save_every_minutes, env)
+        self.agreement: Optional[StepAgreement] = None
+        """Stop signals and the snapshot timer, while training (closed when it ends)."""
+        self._micro_step, self._micro_batch = 0, 0
+
+    def at(self, phase: str, step: int, item: Optional[int] = None) -> None:
+        """Where the training thread is: phase of step (an attribute set; nothing waits). A forward
+        pass, and the backward pass after it, are of the step's next micro-batch, counted here."""
+        if phase == "forward":
+            self._micro_batch = self._micro_batch + 1 if self._micro_step == step else 0
+            self._micro_step = step
+        if item is None:
+            item = self._micro_batch if phase in ("forward", "backward") else 0
+        self.watch.at(phase, step, item)
+
+    def step_taken(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, save_failed: bool) -> Decision:
+        """A step's loss and gradient norm judged (on the device), and what every rank agreed on at
+        this step's end (control.py; the divergence verdict is a step late, so that nobody waits for
+        the device)."""
+        self.divergence.observe(step, loss, grad_norm)
+        return self.agreement.after_step(save_failed=save_failed,
+                                         diverged_since=self.divergence.diverged_since())
+
+    def health(self) -> Health:
+        return self.divergence.health()
+
+    def saved(self) -> None:
+        """A snapshot was taken: the snapshot timer starts again."""
+        if self.agreement is not None:
+            self.agreement.saved()
+
+    def __enter__(self) -> "RunGuard":
+        self.agreement = StepAgreement(*self._agreement_settings)
+        self.watch.__enter__()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.watch.__exit__(*exc_info)
+        self.agreement.close()
+        self.agreement = None
