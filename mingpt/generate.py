@@ -13,7 +13,9 @@ and device give the same text. --temperature 0 is greedy decoding (always the mo
 Mistakes (a missing snapshot, a prompt character the model never saw, a bad option) are reported
 as one line on stderr, with exit status 1.
 
-Sampling is the model's own, as in the original: GPT.generate (model.py).
+Sampling is the model's own, as in the original: GPT.generate (model.py), with a key/value cache
+(each new token is one position, not the whole context again; --no-cache recomputes it, for
+comparison: the same tokens). Speed: docs/performance.md, "Generation".
 """
 import argparse
 from typing import Optional
@@ -45,6 +47,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1337, help="random seed (default 1337)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=default_device(),
                         help="where to run (default: cuda if available, else cpu)")
+    parser.add_argument("--no-cache", dest="cache", action="store_false",
+                        help="recompute the whole context for every token, as without a key/value cache "
+                             "(the same tokens, slower: for comparison)")
     args = parser.parse_args(argv)
     check_args(args)
     return args
@@ -129,7 +134,7 @@ def generate(args: argparse.Namespace) -> str:
     model = build_model(snapshot, path, device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # (1, T)
-    out = model.generate(idx, args.length, args.temperature, args.top_k, generator)
+    out = model.generate(idx, args.length, args.temperature, args.top_k, generator, use_cache=args.cache)
     return vocabulary.decode(out[0].tolist())  # whole: a BPE's character may span tokens
 
 

@@ -222,14 +222,38 @@ class MultiheadAttentionLayer(nn.Module):
         self.proj = nn.Linear(config.n_embd, config.n_embd)
         self.resid_drop = Dropout(config.resid_pdrop)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: Optional["LayerCache"] = None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
         # (B, T, C) -> (B, nh, T, hs)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = causal_attention(q, k, v, dropout_p=self.attn_pdrop if self.training else 0.0)
+        if cache is not None:
+            k, v = cache.extend(k, v)  # the earlier positions' keys and values, then these
+        if k.size(2) == T:  # no earlier positions: each attends to those before it
+            y = causal_attention(q, k, v, dropout_p=self.attn_pdrop if self.training else 0.0)
+        else:  # one new position (generation, cached) attends to every position so far
+            y = F.scaled_dot_product_attention(q, k, v)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_drop(self.proj(y))
+
+
+class LayerCache:
+    """One block's keys and values of the positions a generation has seen, (B, nh, T, hs) each."""
+
+    def __init__(self) -> None:
+        self.keys: Optional[torch.Tensor] = None
+        self.values: Optional[torch.Tensor] = None
+
+    def extend(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """These positions' keys and values kept after the earlier ones; all of them."""
+        if self.keys is not None:
+            keys, values = torch.cat([self.keys, keys], dim=2), torch.cat([self.values, values], dim=2)
+        self.keys, self.values = keys, values
+        return keys, values
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys is None else self.keys.size(2)
 
 
 class MLP(nn.Module):
@@ -254,8 +278,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, cache: Optional[LayerCache] = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -375,17 +399,21 @@ class GPT(nn.Module):
             param.copy_(self.initial_value(name))
 
     def forward(
-        self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None
+        self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None,
+        cache: Optional[list[LayerCache]] = None,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """idx, targets: (B, T) token ids. Returns logits (B, T, V) and the mean loss if targets
-        (the padding's logits, -inf, are cut off the logits returned)."""
+        (the padding's logits, -inf, are cut off the logits returned). With a cache (a LayerCache
+        per block, GPT.generate's), idx are the positions after those the cache holds."""
+        past = cache[0].length if cache else 0
         T = idx.size(1)
-        if T > self.config.block_size:
-            raise ValueError(f"sequence of {T} tokens is longer than block_size {self.config.block_size}")
-        positions = torch.arange(T, device=idx.device)
+        if past + T > self.config.block_size:
+            raise ValueError(f"sequence of {past + T} tokens is longer than block_size {self.config.block_size}")
+        positions = torch.arange(past, past + T, device=idx.device)
+        # The original's EmbeddingStem: token and position embeddings, then dropout.
         x = self.drop(self.tok_emb(idx) + self.pos_emb(positions))  # (B, T, C)
-        for block in self.blocks:
-            x = block(x)
+        for index, block in enumerate(self.blocks):
+            x = block(x, cache[index]) if cache else block(x)
         logits = self.head(self.ln_f(x))  # (B, T, padded V)
         vocab_size = self.config.vocab_size
         padded = logits.size(-1) > vocab_size
@@ -432,11 +460,18 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: Optional[int] = None, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+                 top_k: Optional[int] = None, generator: Optional[torch.Generator] = None,
+                 use_cache: bool = True) -> torch.Tensor:
         """The original's GPT.generate: idx (B, T) followed by max_new_tokens sampled ids, (B, T +
         max_new_tokens). Each step feeds the last block_size tokens to the model and draws the next
         token from the last position's logits. temperature=0 is greedy decoding (argmax, the
         original's do_sample=False; ties go to the lowest id), as top_k=1 is by the ordinary route.
+
+        With use_cache, each block keeps the keys and values of the positions seen (a LayerCache):
+        the prompt is computed once, then each new token is one position, not the whole context again,
+        and the logits are those of the uncached path (to float rounding). Past block_size the window
+        slides: every position moves, so nothing computed before holds, and each token is computed
+        from the window afresh, as without a cache.
 
         The model runs in eval mode (no dropout) and is put back in the mode it was in. The generator
         must live on idx's device; the same generator state gives the same tokens.
@@ -448,10 +483,13 @@ class GPT(nn.Module):
         block_size = self.config.block_size
         was_training = self.training
         self.eval()
+        cache = [LayerCache() for _ in range(self.config.n_layer)] if use_cache else None
         try:
             for _ in range(max_new_tokens):
-                context = idx[:, -block_size:]  # the model has positions for block_size tokens only
-                logits, _ = self(context)
+                if cache is not None and idx.size(1) <= block_size:
+                    logits, _ = self(idx[:, cache[0].length:], cache=cache)  # the positions not cached yet
+                else:
+                    logits, _ = self(idx[:, -block_size:])  # the model has positions for block_size tokens
                 idx = torch.cat([idx, next_token(logits[:, -1, :], temperature, top_k, generator)], dim=1)
         finally:
             self.train(was_training)

@@ -78,11 +78,19 @@ def test_same_seed_same_text_other_seed_other_text(snapshot, capsys):
     assert texts[0] == texts[1] != texts[2]
 
 
+def test_without_the_cache_the_same_text(snapshot, capsys):
+    """--no-cache recomputes the whole context at every token (the model's block is 16: the window
+    slides, too); a seeded sample draws the same text, through the same logits."""
+    settings = ["--snapshot", snapshot, "--length", 40, "--seed", 7]
+    assert generate_in_process(capsys, *settings)[1] == generate_in_process(capsys, *settings, "--no-cache")[1]
+
+
 def test_defaults(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     args = generate.parse_args([])
-    settings = (args.snapshot, args.prompt, args.length, args.temperature, args.top_k, args.seed, args.device)
-    assert settings == ("gpt_snapshot.pt", "\n", 500, 1.0, None, 1337, "cpu")
+    settings = (args.snapshot, args.prompt, args.length, args.temperature, args.top_k, args.seed, args.device,
+                args.cache)
+    assert settings == ("gpt_snapshot.pt", "\n", 500, 1.0, None, 1337, "cpu", True)
 
 
 def test_the_default_prompt_is_a_newline(snapshot, capsys):

@@ -1,13 +1,13 @@
 """GPT.generate's sampling (model.py): top-k, temperature, greedy decoding, context cropping, seeding and
-model mode."""
+model mode, and the key/value cache that makes it fast."""
+import functools
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn as nn
 
-from mingpt.model import keep_top_k
-from mingpt.model import GPT, GPTConfig
+from mingpt.model import GPT, GPTConfig, keep_top_k, next_token
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -21,7 +21,7 @@ class FixedLogits(nn.Module):
         self.logits = torch.tensor(logits)
         self.contexts: list[torch.Tensor] = []
 
-    generate = GPT.generate  # sampling as GPT does it, over these logits
+    generate = functools.partialmethod(GPT.generate, use_cache=False)  # GPT's sampling, over these logits
 
     def forward(self, idx: torch.Tensor):
         self.contexts.append(idx.clone())
@@ -173,3 +173,48 @@ def test_meaningless_settings_are_refused(settings, message):
 def test_an_empty_prompt_is_refused():
     with pytest.raises(ValueError, match="T >= 1"):
         tiny_gpt().generate(torch.zeros(1, 0, dtype=torch.long), 1)
+
+
+def logits_of_each_step(model: GPT, prompt: torch.Tensor, steps: int, use_cache: bool) -> list[torch.Tensor]:
+    """The last position's logits at each step of a greedy generation, as GPT.generate computes them."""
+    seen = []
+    original = next_token
+
+    def recorded(logits, *args):
+        seen.append(logits.clone())
+        return original(logits, *args)
+
+    import mingpt.model
+
+    mingpt.model.next_token = recorded
+    try:
+        tokens = model.generate(prompt, steps, temperature=0, use_cache=use_cache)
+    finally:
+        mingpt.model.next_token = original
+    return tokens, seen
+
+
+@pytest.mark.parametrize("activation, vocab_multiple", [("gelu", 64), ("gelu_tanh", 1)])
+def test_the_cache_gives_the_uncached_tokens_and_logits_also_past_block_size(activation, vocab_multiple):
+    """A prompt of 3, 14 new tokens with block_size 8: within the window each token is one cached
+    position, past it the window slides and is computed afresh; greedy tokens identical, logits within
+    1e-4 at every step (a GPT-2 folder's model, gelu_tanh without padding, and the default's)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, vocab_size=11, block_size=8, activation=activation,
+                          vocab_multiple=vocab_multiple, embd_pdrop=0.0, resid_pdrop=0.0, attn_pdrop=0.0))
+    prompt = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    cached, cached_logits = logits_of_each_step(model, prompt, 14, use_cache=True)
+    uncached, uncached_logits = logits_of_each_step(model, prompt, 14, use_cache=False)
+    assert torch.equal(cached, uncached) and cached.shape == (2, 17)
+    for step, (ours, theirs) in enumerate(zip(cached_logits, uncached_logits)):
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0, msg=f"step {step}")
+
+
+def test_a_cached_generation_computes_each_new_token_as_one_position():
+    """The prompt once, then one position per token (what makes it fast), until the window slides."""
+    model = tiny_gpt()
+    lengths = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: lengths.append(args[0].size(1)),
+                                    with_kwargs=True)
+    model.generate(torch.tensor([[1, 2, 3]]), 8, temperature=0)
+    assert lengths == [3, 1, 1, 1, 1, 1, 8, 8]  # block_size 8: from the 9th token on, the window slides
