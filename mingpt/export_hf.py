@@ -13,8 +13,9 @@ give the project's logits (fp32) and its tokens. The project's model is GPT-2's 
 each weight maps to one of GPT-2's (storage/gpt2_folder.py): a Linear's (out, in) weight becomes a
 Conv1D's (in, out) one; the head stays apart from the token embedding (tie_word_embeddings false);
 the MLP's GELU is the model's: the exact one ("gelu", the default) or the tanh approximation
-("gelu_new", GPT-2's, which a model started from GPT-2's weights keeps). A folder written here is
-also a folder gpt_config.init_from starts from.
+("gelu_new", GPT-2's, which a model started from GPT-2's weights keeps). A BPE model's folder
+written here is also one gpt_config.init_from starts from; a character model's is refused there
+(storage/gpt2_folder.is_characters says why): its snapshot trains on.
 """
 import json
 import os

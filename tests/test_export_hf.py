@@ -11,6 +11,7 @@ from helpers import (
     assert_ok,
     make_gpt2_folder,
     make_text,
+    one_error_line,
     run,
     run_main_in_process,
     tiny_overrides,
@@ -88,6 +89,29 @@ def test_a_broken_mapping_gives_other_logits(tiny_epoch, tmp_path, monkeypatch, 
     ids = torch.arange(ours.config.block_size)[None] % len(snapshot.vocab)
     with torch.no_grad():
         assert (theirs(ids).logits - ours(ids)[0]).abs().max() > 1e-3
+
+
+def test_a_character_models_folder_as_init_from_is_one_line_whose_advice_works(
+        tiny_epoch, shared_text, exported, tmp_path, capsys):
+    """A character model's export cannot start a run (storage/gpt2_folder.is_characters says why);
+    its refusal used to advise data_config.tokenizer=bpe, which met the same refusal. What it advises
+    instead, resuming the snapshot exported, on its text, trains on."""
+    snapshot = tmp_path / "snap.pt"
+    snapshot.write_bytes(tiny_epoch.snapshot.read_bytes())
+    step = read_snapshot(str(snapshot)).step
+    overrides = tiny_overrides(shared_text, snapshot, trainer_config__max_steps=step + 1)
+    refused = run_main_in_process([*overrides, f"gpt_config.init_from={exported}"], capsys)
+    assert one_error_line(refused) == (
+        f"error: gpt_config.init_from: {exported} holds a character model (export_hf.py's tokenizer.json "
+        "of one token per character); init_from tokenizes the data with a folder's byte-level BPE only; to "
+        "train the character model on, resume the snapshot it was exported from "
+        "(trainer_config.snapshot_path=that snapshot, with its text), or give a BPE model's folder")
+    assert read_snapshot(str(snapshot)).step == step  # nothing trained
+
+    advised = run_main_in_process(overrides, capsys)
+    assert_ok(advised)
+    assert "Resuming training from snapshot" in advised.stdout
+    assert read_snapshot(str(snapshot)).step == step + 1
 
 
 @pytest.mark.parametrize("where", ["missing.pt", "empty-folder"])

@@ -177,10 +177,33 @@ def read_config(path: Path) -> dict:
 
 
 def read_tokenizer(path: Path) -> Tokenizer:
+    """The folder's tokenizer.json, a byte-level BPE: the data is tokenized with it (main.tokenized_by)."""
     if not (path / TOKENIZER).exists():
         raise refused(path, "has no tokenizer.json (a partial download?)",
                       "save the model's tokenizer with it (tokenizer.save_pretrained(folder))")
+    if is_characters(path / TOKENIZER):
+        raise refused(path, "holds a character model (export_hf.py's tokenizer.json of one token per "
+                      "character); init_from tokenizes the data with a folder's byte-level BPE only",
+                      "to train the character model on, resume the snapshot it was exported from "
+                      "(trainer_config.snapshot_path=that snapshot, with its text), or give a BPE "
+                      "model's folder")
     return Tokenizer.from_str(read_tokenizer_file(str(path / TOKENIZER), key=KEY).json)
+
+
+def is_characters(tokenizer_json: Path) -> bool:
+    """Whether a tokenizer.json is a character model's (export_hf.character_tokenizer's: a WordLevel
+    of single characters). The data cannot take its ids: a text's character vocabulary is the sorted
+    characters of the share of it kept, so one character more or less in the text would shift every
+    id under the model's embeddings (a snapshot's resume checks the characters match; a folder has
+    no run to check against)."""
+    try:
+        model = json.loads(tokenizer_json.read_text()).get("model")
+    except (OSError, ValueError, AttributeError):
+        return False  # not JSON or not an object: read_tokenizer_file says what is wrong with it
+    if not isinstance(model, dict) or model.get("type") != "WordLevel":
+        return False
+    vocab = model.get("vocab")
+    return isinstance(vocab, dict) and all(len(token) == 1 for token in vocab)
 
 
 def weight_locations(path: Path) -> dict[str, tuple[str, str]]:

@@ -137,6 +137,13 @@ def other_tokenizer(path):
     train_bpe(iter([make_text(20000)]), vocab_size=280).save(str(path / "tokenizer.json"))
 
 
+def character_tokenizer(path):
+    """export_hf.py's tokenizer.json of a character model, here of the folder's 300 ids."""
+    from mingpt.export_hf import character_tokenizer
+
+    character_tokenizer([chr(0x100 + i) for i in range(300)]).save(str(path / "tokenizer.json"))
+
+
 BAD_FOLDERS = [  # (what is wrong, how to make it of a good copy, what the line says after the path)
     ("missing", lambda path: shutil.rmtree(path), "does not exist"),
     ("no config.json", lambda path: (path / "config.json").unlink(),
@@ -152,6 +159,10 @@ BAD_FOLDERS = [  # (what is wrong, how to make it of a good copy, what the line 
     ("a tokenizer of another size", other_tokenizer,
      "has a tokenizer.json of 280 tokens for a model of vocab_size 300"),
     ("a wider MLP", edit_config(n_inner=64), "has an MLP of n_inner=64"),
+    ("a character model's export", character_tokenizer,
+     "holds a character model (export_hf.py's tokenizer.json of one token per character); init_from "
+     "tokenizes the data with a folder's byte-level BPE only; to train the character model on, resume "
+     "the snapshot it was exported from"),
 ]
 
 
