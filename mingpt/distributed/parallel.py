@@ -22,6 +22,8 @@ keyed by parameter name rather than by position. That is what lets DDP resume FS
 and any world size resume any other's.
 """
 import contextlib
+import re
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -123,11 +125,24 @@ def _shard(model: nn.Module, parallelism: Parallelism, precision: Precision, env
         fully_shard(block, mesh=mesh, mp_policy=mixed_precision, offload_policy=offload,
                     reshard_after_forward=parallelism.reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=mixed_precision, offload_policy=offload)
+    allow_a_view_of_the_logits(model)
     if empty:
         materialize(model, torch.device("cpu") if cpu_offload else env.device)
     if parallelism.cpu_collectives:
         overlap_and_reuse(model)
     return model
+
+
+def allow_a_view_of_the_logits(model: FSDPModule) -> None:
+    """Silence FSDP2's warning that the sharded GPT returns a view, on every rank of every run.
+    GPT.forward cuts the vocabulary's padding off its logits as a view, logits[..., :vocab_size],
+    since a copy would take B x T x V more memory. FSDP2 warns of any view a module returns because an
+    in-place op on it (`logits += ...`) would drop the pre-backward hook it puts on it; nothing
+    modifies the returned logits in place (the Trainer takes the loss alone, computed from the whole
+    logits, and backward starts from it). The filter matches this model's warning only: the same
+    warning of another module, or any other warning, is still said."""
+    warnings.filterwarnings("ignore", category=UserWarning, message=re.escape(
+        f"FSDP2-wrapped module ({type(model).__name__}) returned a view tensor"))
 
 
 def sharding_mesh(method: str, env: DistEnv) -> DeviceMesh:

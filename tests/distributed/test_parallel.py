@@ -6,6 +6,7 @@ and its sharded grad scaler: tests/distributed/test_precision.py.)
 """
 import json
 import shutil
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -281,3 +282,32 @@ def test_reshard_after_forward_decides_what_a_block_holds_after_its_forward_pass
     model(torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, dtype=torch.long))
     sharded = {hasattr(param, "to_local") for block in model.blocks for param in block.parameters()}
     assert sharded == {reshard}
+
+
+VIEW_WARNING = "returned a view tensor"
+
+
+def test_fsdp_says_no_view_warning_of_the_logits_and_hides_no_other(world_of_one):
+    """GPT.forward returns its logits as a view (the vocabulary's padding cut off, not copied), and
+    FSDP2 warned of it on every rank of every FSDP run; that warning is silenced for the sharded GPT's
+    logits alone, the same warning of another module still said."""
+    from mingpt.distributed.parallel import Parallelism, parallelize
+    from mingpt.distributed.precision import Precision
+    from mingpt.model import GPT, GPTConfig
+
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, vocab_size=5, block_size=4))
+    assert model.config.padded_vocab_size > 5  # so the logits returned are a view
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        method = Parallelism("fsdp", cpu_collectives=True)
+        model = parallelize(model, method, Precision("cpu", None), world_of_one)
+        logits, loss = model(torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, dtype=torch.long))
+        loss.backward()
+        warnings.warn(f"FSDP2-wrapped module (FSDPBlock) {VIEW_WARNING}.", UserWarning)
+    assert logits._base is not None  # still the view, no copy of B x T x V
+    assert [str(w.message) for w in said if VIEW_WARNING in str(w.message)] == [
+        f"FSDP2-wrapped module (FSDPBlock) {VIEW_WARNING}."]
+
+
+def test_an_fsdp_run_says_no_view_warning(fsdp_two_epochs):
+    assert VIEW_WARNING not in fsdp_two_epochs.stderr
