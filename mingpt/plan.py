@@ -162,7 +162,8 @@ def make_setting(config, options: ClusterOptions, vocab_size: int) -> Setting:
     dtype = compute_dtype(config, device_type)
     model = replace(config.gpt_config, vocab_size=vocab_size, block_size=config.data_config.block_size)
     cluster = build_cluster(options, dtype)
-    placement = tc.placement(cluster.world_size, cluster.ranks_per_node, device_type, dtype)
+    placement = tc.placement(cluster.world_size, cluster.ranks_per_node, device_type, dtype,
+                             config.optimizer_config.name)
     return Setting(model, tc.batch_size, placement, tc.activation_checkpointing, cluster, options.efficiency)
 
 

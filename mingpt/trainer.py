@@ -158,12 +158,12 @@ class TrainerConfig:
               f"samples; use at most {train_samples // (self.grad_accum_steps * world_size)}, or more data")
 
     def placement(self, world_size: int, ranks_per_node: int, device_type: str,
-                  compute_dtype: Optional[torch.dtype]) -> Placement:
+                  compute_dtype: Optional[torch.dtype], optimizer: str = "adamw") -> Placement:
         """How this run spreads its training state over a world: what the Trainer checks at start-up
         and plan.py plans, from the same keys."""
         return Placement(self.distributed_method, world_size, ranks_per_node, device_type, compute_dtype,
                          self.cpu_offload, self.reshard_after_forward, self.grad_accum_steps,
-                         self.snapshot_format if self.async_snapshots else None)
+                         self.snapshot_format if self.async_snapshots else None, optimizer)
 
     def report_settings(self) -> ReportSettings:
         return ReportSettings(self.metrics_path or default_metrics_path(self.snapshot_path),
@@ -233,7 +233,7 @@ class Trainer:
         self.precision.configure_matmuls()
         checkpoint_blocks(model, config.activation_checkpointing)  # before wrapping: FSDP's hooks go outside
         placement = config.placement(env.world_size, env.local_world_size, env.device.type,
-                                     self.precision.amp_dtype)
+                                     self.precision.amp_dtype, self.optimizer_config.name)
         self.memory = plan_memory(model.config, placement, config.batch_size, config.activation_checkpointing,
                                   env)  # the step, traced
         check_memory(self.memory, env)  # before anything is allocated

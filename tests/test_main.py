@@ -445,6 +445,28 @@ def test_a_bpe_run_resumes_bit_for_bit_and_its_snapshot_speaks(text_file, tmp_pa
     assert sha256(last[1]) == before
 
 
+def test_a_muon_run_resumes_bit_for_bit_and_is_refused_where_it_would_be_sharded(text_file, tmp_path, capsys,
+                                                                                one_torch_thread):
+    """optimizer_config.name=muon: 6 steps unbroken, and from the step-3 snapshot alone, end alike (Muon's
+    momentum buffers and AdamW's moments in the snapshot); under FSDP one line says why not."""
+    muon = dict(optimizer_config__name="muon", trainer_config__max_steps=6, trainer_config__save_every_steps=3)
+    assert_ok(run_main_in_process(tiny_overrides(text_file, tmp_path / "a", **muon), capsys))
+    (tmp_path / "b").mkdir()
+    shutil.copy(tmp_path / "a" / "snapshot_000000003.pt", tmp_path / "b")
+    resumed = run_main_in_process(tiny_overrides(text_file, tmp_path / "b", **muon), capsys)
+    assert_ok(resumed)
+    assert "Resuming training from snapshot at Epoch 0 (step 3" in resumed.stdout
+    last = [folder / "snapshot_000000006.pt" for folder in (tmp_path / "a", tmp_path / "b")]
+    state = final_state(last[0])
+    assert "momentum_buffer" in state["optimizer"]["blocks.0.attn.qkv.weight"]
+    assert "exp_avg" in state["optimizer"]["tok_emb.weight"]
+    assert_same_state(final_state(last[1]), state)
+    sharded = run_main_in_process(tiny_overrides(text_file, tmp_path / "c", **muon,
+                                                 trainer_config__distributed_method="fsdp"), capsys)
+    assert one_error_line(sharded).startswith("error: optimizer_config.name: muon orthogonalises each whole "
+                                              "weight matrix, which fsdp shards over the ranks")
+
+
 def test_a_run_on_llmc_shards_with_their_own_validation_resumes_bit_for_bit(text_file, tmp_path, capsys,
                                                                             one_torch_thread):
     """Three llm.c shards of a 300-token BPE to train on (windows straddle them) and one to evaluate

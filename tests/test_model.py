@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from mingpt.common.errors import ConfigError
 from mingpt.model import (
     GPT,
+    MUON_GROUP,
     PRESETS,
     GPTConfig,
     OptimizerConfig,
@@ -18,6 +19,7 @@ from mingpt.model import (
     learning_rate_at,
     parameter_groups,
     parameter_seed,
+    set_learning_rate,
 )
 
 
@@ -179,6 +181,33 @@ def test_optimizer_is_adamw_with_gpt2_betas():
     assert group["fused"] is True
 
 
+def test_muon_trains_the_hidden_matrices_and_adamw_the_rest():
+    """The blocks' weight matrices under torch.optim.Muon (one momentum each), the embeddings, the
+    output layer, biases and LayerNorms under AdamW (two moments); one optimizer to the Trainer,
+    whose schedule moves both peaks alike and whose state round-trips."""
+    model = tiny_gpt()
+    optimizer = create_optimizer(model, OptimizerConfig(name="muon", learning_rate=1e-3, muon_learning_rate=0.02))
+    hidden = {name for name, module in model.named_modules() if isinstance(module, nn.Linear)} - {"head"}
+    muon = {id(p) for group in optimizer.param_groups if group.get(MUON_GROUP) for p in group["params"]}
+    assert muon == {id(model.get_submodule(name).weight) for name in hidden}
+    assert len(optimizer.muon.param_groups) == 1 and len(optimizer.adamw.param_groups) == 2
+    ids = torch.randint(50, (4, 8))
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(ids, ids)[1].backward()
+        optimizer.step()
+    kinds = {name: sorted(optimizer.state[p]) for name, p in model.named_parameters()}
+    assert kinds["blocks.0.attn.qkv.weight"] == ["momentum_buffer"]
+    assert kinds["tok_emb.weight"] == kinds["head.weight"] == ["exp_avg", "exp_avg_sq", "step"]
+    set_learning_rate(optimizer, 0, 10, OptimizerConfig(name="muon", learning_rate=1e-3, warmup_steps=4))
+    assert sorted(group["lr"] for group in optimizer.param_groups) == [2.5e-4, 2.5e-4, 0.005]
+    again = create_optimizer(model, OptimizerConfig(name="muon"))
+    again.load_state_dict(optimizer.state_dict())
+    assert again.muon.state is again.state and torch.equal(
+        again.state[model.blocks[0].attn.qkv.weight]["momentum_buffer"],
+        optimizer.state[model.blocks[0].attn.qkv.weight]["momentum_buffer"])
+
+
 def test_presets_fill_the_sizes():
     config = GPTConfig(model_type="gpt-mini", n_layer=None, n_head=None, n_embd=None)
     assert (config.n_layer, config.n_head, config.n_embd) == PRESETS["gpt-mini"] == (6, 6, 192)
@@ -218,6 +247,8 @@ def test_an_initial_value_may_be_asked_for_a_few_rows():
 def test_bad_optimizer_config_names_the_key():
     with pytest.raises(ConfigError, match="optimizer_config.learning_rate"):
         OptimizerConfig(learning_rate=0)
+    with pytest.raises(ConfigError, match="optimizer_config.name: must be one of adamw, muon"):
+        OptimizerConfig(name="lion")
 
 
 def test_flops_per_token_counts_matmul_weights():

@@ -331,6 +331,6 @@ def restore_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, 
     optimizer built fused, hands it the scale, and the step fails. The flags
     are set before loading: they also decide where loading puts the step counts (on the GPU for
     the fused kernel, on the CPU otherwise)."""
-    own = {key: optimizer.param_groups[0][key] for key in OPTIMIZER_BUILD_FLAGS}
-    state = {**state, "param_groups": [{**group, **own} for group in state["param_groups"]]}
-    set_optimizer_state_dict(model, optimizer, state, options=options)
+    own = [{key: group[key] for key in OPTIMIZER_BUILD_FLAGS if key in group} for group in optimizer.param_groups]
+    groups = [{**group, **flags} for group, flags in zip(state["param_groups"], own)]
+    set_optimizer_state_dict(model, optimizer, {**state, "param_groups": groups}, options=options)

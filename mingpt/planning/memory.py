@@ -32,7 +32,7 @@ import torch
 
 from mingpt.common.errors import ConfigError
 from mingpt.distributed.process_group import DistEnv, all_gather_objects
-from mingpt.model import GPTConfig, meta_model
+from mingpt.model import GPTConfig, hidden_matrices, meta_model
 from mingpt.planning.step_trace import Point, TraceKey, block_parameters, trace_step
 
 FP32 = 4
@@ -59,6 +59,9 @@ class Placement:
     grad_accum_steps: int = 1
     snapshot_staging: Optional[str] = None
     """async_snapshots' host copy: None (off), "single" (rank 0's whole state) or "sharded"."""
+    optimizer: str = "adamw"
+    """adamw (two moments per parameter) or muon (one momentum per hidden matrix's, AdamW's two for
+    the rest; DDP only)."""
 
     @property
     def shards(self) -> int:
@@ -87,7 +90,7 @@ class MemoryEstimate:
 
     def describe(self) -> str:
         parts = (("parameters", self.parameters), ("gradients", self.gradients),
-                 ("AdamW state", self.optimizer), ("activations", self.activations),
+                 ("optimizer state", self.optimizer), ("activations", self.activations),
                  ("buffers", self.buffers))
         return ", ".join(f"{name} {gb(size)}" for name, size in parts)
 
@@ -97,6 +100,8 @@ class ModelSizes:
     total: int
     per_block: int
     n_layer: int
+    hidden: int = 0
+    """Parameters of the blocks' weight matrices (what Muon trains, model.hidden_matrices)."""
 
     @property
     def root(self) -> int:
@@ -105,8 +110,18 @@ class ModelSizes:
 
 
 def model_sizes(config: GPTConfig) -> ModelSizes:
-    total = sum(p.numel() for p in meta_model(config).parameters())
-    return ModelSizes(total, block_parameters(config), config.n_layer)
+    model = meta_model(config)
+    total = sum(p.numel() for p in model.parameters())
+    return ModelSizes(total, block_parameters(config), config.n_layer,
+                      hidden=sum(p.numel() for p in hidden_matrices(model)))
+
+
+def optimizer_state(sizes: ModelSizes, placement: Placement) -> int:
+    """Bytes of the optimizer's state of the whole model: AdamW's two fp32 moments per parameter, or
+    Muon's one momentum per hidden matrix's parameter and AdamW's two for the rest."""
+    if placement.optimizer == "muon":
+        return FP32 * (ADAMW_MOMENTS * (sizes.total - sizes.hidden) + sizes.hidden)
+    return FP32 * ADAMW_MOMENTS * sizes.total
 
 
 def estimate_memory(config: GPTConfig, batch_size: int, checkpointing: str,
@@ -131,7 +146,7 @@ def _ddp_moment(point: Point, block_gradients: int, sizes: ModelSizes, batch_siz
     staging = _staging(placement, whole)
     on_host = placement.device_type == "cpu"
     return MemoryEstimate(parameters=whole + moment.casts, gradients=gradients,
-                          optimizer=ADAMW_MOMENTS * whole, activations=moment.at(batch_size),
+                          optimizer=optimizer_state(sizes, placement), activations=moment.at(batch_size),
                           buffers=buckets + (staging if on_host else 0), host=0 if on_host else staging)
 
 

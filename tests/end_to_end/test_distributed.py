@@ -121,3 +121,10 @@ def test_a_text_behind_a_url_is_read_by_one_rank_while_the_other_waits(tmp_path)
     assert_ok(result)
     assert len(requests) == 2 * one_reader
     assert "Snapshot saved at step 3 (the last)" in result.stdout
+
+
+def test_muon_trains_under_ddp(text_file, tmp_path):
+    """Two ranks, optimizer_config.name=muon: each rank's Muon orthogonalises the same all-reduced
+    gradients; the run trains and its snapshot holds both optimizers' state."""
+    result = run_main(tiny_overrides(text_file, tmp_path / "snap.pt", optimizer_config__name="muon"), nproc=2)
+    check_two_rank_run(result, tmp_path / "snap.pt")

@@ -105,6 +105,14 @@ def test_methods_divide_the_state_and_add_their_buffers():
     assert full.activations < two.activations / 2
 
 
+def test_muon_keeps_one_momentum_per_hidden_matrix_parameter():
+    """Muon's state is its momentum buffer: a hidden matrix costs 4 bytes a parameter, the rest AdamW's 8."""
+    sizes = model_sizes(SMALL)
+    assert sizes.hidden == SMALL.n_layer * 12 * SMALL.n_embd ** 2  # qkv 3C^2, proj C^2, fc and proj 4C^2 each
+    muon = estimate_memory(SMALL, 8, "none", Placement("ddp", optimizer="muon"))
+    assert muon.optimizer == 8 * (sizes.total - sizes.hidden) + 4 * sizes.hidden
+
+
 def gpt2_large_plan(method: str) -> MemoryPlan:
     """gpt2-large (708.7M parameters with 65 characters) on 2 ranks of a 24 GiB machine, batch 1."""
     config = GPTConfig(model_type="gpt2-large", n_layer=None, n_head=None, n_embd=None, vocab_size=65,
