@@ -6,6 +6,7 @@ import importlib.metadata
 import re
 import subprocess
 import sys
+from typing import Optional
 
 from helpers import MINGPT, REPO
 
@@ -83,30 +84,130 @@ LAYERS = ("common", "model", "distributed", "tokens", "storage", "reporting", "p
 """mingpt's packages (and model.py) from the ground up, as docs/ARCHITECTURE.md draws them. The
 original's files and the commands at the top of mingpt/ stand on all of them."""
 
+COMMANDS = ("convert_snapshot", "export_hf", "generate", "launch", "main", "model_size", "plan",
+            "plot_metrics", "prepare_data")
+"""The scripts a user runs (the README's table of commands): each stands alone at the top, imported by
+no other module of mingpt. The original's trainer.py, model.py and char_dataset.py are not commands."""
 
-def layer_of(module: str) -> int:
-    """A module's layer: its package's (or model.py's) place in LAYERS; the top for the rest."""
-    parts = module.split(".")
-    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else len(LAYERS)
+TOP = len(LAYERS)
 
 
-def project_imports(path) -> set[str]:
-    """The mingpt modules a file imports (`from mingpt.storage import files` counts as
-    mingpt.storage.files), read from its code."""
+def top_names(mingpt) -> set[str]:
+    """The modules and packages at the top of mingpt/: what `python main.py` run inside mingpt/ finds
+    by a bare name (`import trainer`)."""
+    return ({path.stem for path in mingpt.glob("*.py")}
+            | {path.name for path in mingpt.iterdir() if path.is_dir() and any(path.glob("*.py"))})
+
+
+def project_imports(path, mingpt) -> set[str]:
+    """The mingpt modules a file imports, read from its code: `from mingpt.storage import files` counts
+    as mingpt.storage.files, `from ..reporting import metrics` in mingpt/storage/ as
+    mingpt.reporting.metrics, and a bare `import trainer` (which works inside mingpt/) as mingpt.trainer."""
+    package = ["mingpt", *path.relative_to(mingpt).parent.parts]  # an __init__.py's is its own folder
+    local = top_names(mingpt)
+
+    def absolute(name: str) -> str:
+        return f"mingpt.{name}" if name.split(".")[0] in local else name
+
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names if alias.name.startswith("mingpt.")}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mingpt"):
-            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+            found |= {absolute(alias.name) for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + [node.module or ""]).rstrip(".")
+            else:
+                base = absolute(node.module)
+            found |= {f"{base}.{alias.name}" for alias in node.names}
+    return {name for name in found if name.startswith("mingpt.")}
+
+
+def layer_of(module: str, mingpt) -> Optional[int]:
+    """A module's layer: its package's (or model.py's) place in LAYERS, the top for the files at the top
+    of mingpt/ (the original's and the commands), None for a folder the layers do not name."""
+    name = module.split(".")[1]
+    if name in LAYERS:
+        return LAYERS.index(name)
+    return TOP if (mingpt / f"{name}.py").exists() else None
+
+
+def module_name(path, mingpt) -> str:
+    return ".".join(["mingpt", *path.relative_to(mingpt).with_suffix("").parts])
+
+
+def upward_imports(mingpt) -> list[str]:
+    """Each import that runs up the layers, or from or into a folder that is in no layer."""
+    found = []
+    for path in sorted(mingpt.rglob("*.py")):
+        module = module_name(path, mingpt)
+        for imported in sorted(project_imports(path, mingpt)):
+            here, there = layer_of(module, mingpt), layer_of(imported, mingpt)
+            if here is None or there is None or there > here:
+                found.append(f"{module} -> {imported}")
     return found
 
 
+def unlayered_packages(mingpt) -> list[str]:
+    """The folders of mingpt/ with code that LAYERS does not name, and the names in LAYERS that are no
+    package of mingpt/ (model.py aside)."""
+    folders = {path.parent.relative_to(mingpt).parts[0] for path in mingpt.glob("*/**/*.py")}
+    packages = {name for name in LAYERS if (mingpt / name / "__init__.py").exists()}
+    return sorted((folders - set(LAYERS)) | (set(LAYERS) - packages - {"model"}))
+
+
+def command_imports(mingpt) -> list[str]:
+    """Each import of a command by another module of mingpt: the commands stand alone at the top."""
+    return [f"{module_name(path, mingpt)} -> {imported}"
+            for path in sorted(mingpt.rglob("*.py"))
+            for imported in sorted(project_imports(path, mingpt)) if imported.split(".")[1] in COMMANDS]
+
+
 def test_each_package_imports_only_the_layers_below_it():
-    upward = []
-    for path in python_files("mingpt"):
-        module = ".".join(path.relative_to(REPO).with_suffix("").parts)
-        for imported in project_imports(path):
-            if layer_of(imported) > layer_of(module):
-                upward.append(f"{module} -> {imported}")
-    assert upward == [], "imports that run up the layers of docs/ARCHITECTURE.md"
+    assert upward_imports(MINGPT) == [], "imports that run up the layers of docs/ARCHITECTURE.md"
+
+
+def test_every_package_has_a_layer():
+    assert unlayered_packages(MINGPT) == [], "packages of mingpt/ not in LAYERS (and docs/ARCHITECTURE.md)"
+
+
+def test_the_commands_are_the_scripts_at_the_top():
+    scripts = {path.stem for path in MINGPT.glob("*.py") if 'if __name__ == "__main__":' in path.read_text()}
+    assert scripts == set(COMMANDS)
+
+
+def test_no_command_imports_another():
+    assert command_imports(MINGPT) == [], "commands imported by other modules of mingpt"
+
+
+def documented_layers() -> list[tuple[int, str, set[str]]]:
+    """docs/ARCHITECTURE.md's table of layers: each row's layer, package and what it imports."""
+    text = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    table = text[text.index("| layer | package | owns | imports |"):].split("\n\n")[0]
+    rows = re.findall(r"^\| (\d+) \| `(\w+)(?:/|\.py)` \|.*\| ([^|]*) \|$", table, re.M)
+    return [(int(layer), package, set(re.findall(r"`([\w.]+)`", imports)))
+            for layer, package, imports in rows]
+
+
+def test_the_layers_are_those_of_architecture_md():
+    """docs/ARCHITECTURE.md draws every package and command, and its table names the packages in the
+    order of LAYERS, and what each imports: a package (`distributed`) or one of its modules
+    (`storage.snapshot`)."""
+    text = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    drawing = text[text.index("```\nmingpt/"):].split("\n```")[0]
+    drawn = [f"{name}/" for name in LAYERS if name != "model"]
+    drawn += [f"{name}.py" for name in ("model", *COMMANDS)]
+    assert [name for name in drawn if not re.search(rf"(^|\s){re.escape(name)}(\s|$)", drawing, re.M)] == []
+    rows = documented_layers()
+    assert sorted((layer, package) for layer, package, _ in rows) == list(enumerate(LAYERS, start=1))
+    undocumented = []
+    for layer, package, allowed in rows:
+        for path in sorted(MINGPT.rglob("*.py")):
+            module = module_name(path, MINGPT)
+            if layer_of(module, MINGPT) != layer - 1:
+                continue
+            for imported in sorted(project_imports(path, MINGPT)):
+                target = imported.split(".")[1:]
+                if target[0] != package and not {".".join(target[:1]), ".".join(target[:2])} & allowed:
+                    undocumented.append(f"{module} -> {imported}")
+    assert undocumented == [], "imports that docs/ARCHITECTURE.md's table of layers does not name"
+
