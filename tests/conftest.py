@@ -45,7 +45,19 @@ LONGEST_FIRST = ("end_to_end/test_cluster.py", "end_to_end/test_fault_tolerance.
 others have finished."""
 
 
+SLOW_FIXTURES = {"ddp_two_epochs", "fsdp_two_epochs", "s3"}
+"""Session fixtures that start runs (or a server) the quick tier goes without: a test that asks for one
+is slow. The quick tier keeps two: tiny_epoch (`python main.py`, one process) and probe_runs (one
+torchrun launch of 2 ranks, every probe of tests/workers)."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` and `-k` deselect
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SLOW_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.slow)
+    config.collected_tests = list(items)  # the whole suite's, for test_layout's quick-tier test
+
     def rank(item) -> int:
         path = item.path.as_posix()
         return next((i for i, name in enumerate(LONGEST_FIRST) if path.endswith(f"tests/{name}")),

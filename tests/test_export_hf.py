@@ -57,6 +57,7 @@ def test_every_file_of_the_folder_gets_the_usual_mode(exported):
     assert len(set(modes.values())) == 1, modes
 
 
+@pytest.mark.slow
 def test_an_existing_folder_is_refused_in_one_line_and_left_alone(tiny_epoch, exported):
     before = sorted(p.name for p in exported.iterdir())
     result = run([sys.executable, MINGPT / "export_hf.py", tiny_epoch.snapshot, exported])
@@ -133,6 +134,7 @@ RUNS = {  # the snapshot of a 3-step run of each kind (the characters' single fi
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", RUNS)
 def test_bpe_and_sharded_snapshots_export_with_their_tokenizer_and_activation(text_file, tmp_path, capsys,
                                                                                kind):

@@ -57,6 +57,7 @@ def from_repo_root(snapshot):
     return result
 
 
+@pytest.mark.slow
 def test_prints_the_prompt_and_exactly_length_vocabulary_characters(from_repo_root, text_file):
     out = from_repo_root.stdout
     assert out.startswith(PROMPT) and out.endswith("\n")
@@ -66,6 +67,7 @@ def test_prints_the_prompt_and_exactly_length_vocabulary_characters(from_repo_ro
     assert from_repo_root.stderr == ""
 
 
+@pytest.mark.slow
 def test_runs_from_inside_mingpt_with_the_same_text_for_the_same_seed(snapshot, from_repo_root):
     result = run_generate("--snapshot", snapshot, *ARGS, cwd=MINGPT, script="generate.py")
     assert_ok(result)

@@ -7,6 +7,8 @@ import psutil
 import pytest
 from helpers import run
 
+pytestmark = pytest.mark.slow
+
 PARENT_OF_A_SLEEPER = """
 import subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])

@@ -25,6 +25,7 @@ def test_workers_started_are_one_per_gpu_or_two_without_gpus(monkeypatch, gpus, 
                                                                  ["trainer_config.max_epochs=1"])
 
 
+@pytest.mark.slow
 def test_launch_reports_failed_workers(text_file, tmp_path):
     """A config mistake, the same on every rank before any process group exists: local rank 0 alone
     says it (launch.py runs torchrun's own launcher: this is also `torchrun` with a bad key), and
@@ -43,6 +44,7 @@ def test_bad_nproc_is_refused_in_one_line(capsys):
     assert capsys.readouterr().err == "error: --nproc must be at least 1 (see --help)\n"
 
 
+@pytest.mark.slow
 def test_ranks_that_die_of_the_stop_signal_make_launch_say_no_snapshot_was_written(text_file, tmp_path):
     """Ranks that do not handle SIGTERM (stop_signals empty) die of it: no 75, and no false 'saved'."""
     snapshot = tmp_path / "snap.pt"

@@ -3,11 +3,15 @@ package, one module talks to fsspec, the snapshot format needs no FSDP, and the 
 without shadowing anything."""
 import ast
 import importlib.metadata
+import inspect
 import re
 import subprocess
 import sys
+import types
+from types import SimpleNamespace
 from typing import Optional
 
+import pytest
 from helpers import MINGPT, REPO
 
 SOURCE_FOLDERS = ("mingpt", "bench", "tests")
@@ -40,6 +44,7 @@ def test_only_process_group_makes_process_groups():
     assert found == ["mingpt/distributed/process_group.py"]
 
 
+@pytest.mark.slow
 def test_generating_text_loads_no_fsdp():
     code = "import sys, mingpt.generate; print('torch.distributed.fsdp' in sys.modules)"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -65,6 +70,7 @@ for script in sys.argv[1:]:
 """
 
 
+@pytest.mark.slow
 def test_every_command_starts_from_inside_mingpt():
     """The README: every command works from the root and from inside mingpt/ (`python main.py`), where
     mingpt/ is first on the import path. Each command's --help, as `python <command> --help` run there
@@ -211,3 +217,95 @@ def test_the_layers_are_those_of_architecture_md():
                     undocumented.append(f"{module} -> {imported}")
     assert undocumented == [], "imports that docs/ARCHITECTURE.md's table of layers does not name"
 
+
+def objects_in(value) -> list:
+    """A parameter's value and what it holds (a tuple of classes, a dict of settings)."""
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [inner for item in value for inner in objects_in(item)]
+    if isinstance(value, dict):
+        return objects_in(list(value.values()))
+    return [value]
+
+
+def functions_of(value) -> list:
+    """A function (unwrapped: a command's main is wrapped in common.errors.command), or a class's methods."""
+    if isinstance(value, types.FunctionType):
+        return [inspect.unwrap(value)]
+    if not isinstance(value, type):
+        return []
+    found = []
+    for attribute in vars(value).values():
+        attribute = getattr(attribute, "__func__", getattr(attribute, "fget", attribute))
+        if isinstance(attribute, types.FunctionType):
+            found.append(inspect.unwrap(attribute))
+    return found
+
+
+def modules_named_by(item) -> set[str]:
+    """The modules of mingpt a test uses, read from code: what its function, its parameters and the
+    fixtures it asks for name (imported at the top of their file or inside them), through the tests' own
+    functions and classes they call; and one module further, what the functions and classes of mingpt
+    they name, and their module's own functions these call, name in turn (a test of plan.main uses
+    planning/advice.py and planning/step_time.py)."""
+    found, seen = set(), set()
+    tests = str(REPO / "tests")
+
+    def of_mingpt(value) -> Optional[str]:
+        if isinstance(value, types.ModuleType):
+            return value.__name__ if value.__name__.startswith("mingpt.") else None
+        module = getattr(value, "__module__", None)
+        return module if isinstance(module, str) and module.startswith("mingpt.") else None
+
+    def visit(value, home: Optional[str]) -> None:
+        """home: None for the tests' code; the module of the mingpt code that named value."""
+        module = of_mingpt(value)
+        if module:
+            found.add(module)
+            if home is None or module == home:
+                for function in functions_of(value):
+                    read(function.__code__, function.__globals__, module)
+        elif home is None:
+            for function in functions_of(value):
+                if function.__code__.co_filename.startswith(tests):
+                    read(function.__code__, function.__globals__, None)
+
+    def read(code: types.CodeType, names: dict, home: Optional[str]) -> None:
+        if (code, home) in seen:
+            return
+        seen.add((code, home))
+        for name in code.co_names:
+            if name.startswith("mingpt."):  # `from mingpt.x import y` inside a function
+                found.add(name)
+            value = names.get(name)
+            if value is None and "mingpt" in code.co_names:  # `from mingpt import x` inside a function
+                value = sys.modules.get(f"mingpt.{name}")
+            if value is None:
+                continue
+            visit(value, home)
+            if isinstance(value, types.ModuleType) and of_mingpt(value):  # `main.run(...)`
+                for attribute in code.co_names:
+                    if of_mingpt(getattr(value, attribute, None)):
+                        visit(getattr(value, attribute), home)
+        for inner in code.co_consts:
+            if isinstance(inner, types.CodeType):  # nested functions, lambdas, comprehensions
+                read(inner, names, home)
+
+    visit(item.function, None)
+    for value in objects_in(list(getattr(item, "callspec", SimpleNamespace(params={})).params.values())):
+        visit(value, None)
+    for definitions in item._fixtureinfo.name2fixturedefs.values():
+        for definition in definitions:
+            visit(definition.func, None)
+    return found
+
+
+def test_the_quick_tier_touches_every_module(request):
+    """`pytest -m "not slow"` (docs/testing.md) uses every module of mingpt: each is named by at least
+    one test not marked slow."""
+    tests = request.config.collected_tests  # conftest: every test collected, before -m or -k
+    if {item.path for item in tests} != set((REPO / "tests").rglob("test_*.py")):
+        pytest.skip("needs the whole suite collected: `pytest` or `pytest -m 'not slow'`")
+    named = set().union(*(modules_named_by(item) for item in tests if not item.get_closest_marker("slow")))
+    modules = {module_name(path, MINGPT).removesuffix(".__init__") for path in MINGPT.rglob("*.py")}
+    unused = sorted(modules - named - {"mingpt"} - {f"mingpt.{name}" for name in LAYERS})
+    assert unused == [], "modules no quick test uses: give each an in-process test not marked slow"

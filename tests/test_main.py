@@ -38,6 +38,7 @@ def eval_summaries(output: str) -> int:
     return output.count("| Eval Loss") - len(losses(output, "Eval"))
 
 
+@pytest.mark.slow
 def test_trains_snapshots_and_resumes_after_the_finished_epoch(text_file, tmp_path, capsys, one_torch_thread):
     """Then, resumed: one eval per epoch, and a snapshot every save_every=2 epochs and at the end (the runs
     of main.run() in this process; the command's own runs are the tests that start main.py)."""
@@ -65,10 +66,12 @@ def test_trains_snapshots_and_resumes_after_the_finished_epoch(text_file, tmp_pa
     assert torch.load(snapshot, weights_only=True)["finished_epoch"] == 3
 
 
+@pytest.mark.slow
 def test_runs_from_inside_mingpt(tiny_epoch):
     assert "Snapshot saved at epoch 1" in tiny_epoch.stdout and tiny_epoch.snapshot.exists()
 
 
+@pytest.mark.slow
 def test_cfg_job_prints_the_config_without_training():
     result = run_main(["--cfg", "job"])
     assert_ok(result)
@@ -78,6 +81,7 @@ def test_cfg_job_prints_the_config_without_training():
     assert "Epoch" not in result.stdout
 
 
+@pytest.mark.slow
 def test_multirun_sweeps(text_file, tmp_path):
     """`-m` runs one job per value, each training its own model; Hydra's sweep folder goes to the
     current directory (here tmp_path, never the repository)."""
@@ -125,6 +129,7 @@ def test_bad_input_is_one_line_naming_the_key(text_file, tmp_path, capsys, overr
     assert not (tmp_path / "snap.pt").exists()
 
 
+@pytest.mark.slow
 def test_bad_input_on_the_command_line_exits_1_with_one_line(tmp_path):
     """The tests around this one refuse in process; here the real command does, from its shell."""
     result = run_main(tiny_overrides(tmp_path / "missing.txt", tmp_path / "snap.pt"))
@@ -132,6 +137,7 @@ def test_bad_input_on_the_command_line_exits_1_with_one_line(tmp_path):
     assert not (tmp_path / "snap.pt").exists()
 
 
+@pytest.mark.slow
 def test_a_model_too_large_for_memory_is_refused_before_it_is_built(text_file, tmp_path, capsys):
     """64 layers 8192 wide: 51.5G parameters, 824 GB with gradients and AdamW under DDP, more
     than any machine here has. The model is on the meta device when it is refused, so this takes
@@ -145,6 +151,7 @@ def test_a_model_too_large_for_memory_is_refused_before_it_is_built(text_file, t
     assert result.returncode == 1 and not (tmp_path / "snap.pt").exists()
 
 
+@pytest.mark.slow
 def test_a_misspelt_key_is_one_line_with_the_key_it_may_mean(text_file, tmp_path):
     """Refused before Hydra would (eight lines of its own), in one line with the nearest key."""
     result = run_main([*tiny_overrides(text_file, tmp_path / "snap.pt"), "trainer_config.batch_sise=3"])
@@ -154,6 +161,7 @@ def test_a_misspelt_key_is_one_line_with_the_key_it_may_mean(text_file, tmp_path
     assert not (tmp_path / "snap.pt").exists()
 
 
+@pytest.mark.slow
 def test_preset_alone_is_accepted(text_file, tmp_path, capsys, one_torch_thread):
     overrides = tiny_overrides(text_file, tmp_path / "snap.pt", trainer_config__max_steps=2)
     result = run_main_in_process([*overrides, "gpt_config.model_type=gpt-nano", "gpt_config.n_layer=null",
@@ -323,6 +331,7 @@ def quick_start_commands() -> list[list[str]]:
     return [shlex.split(line) for line in lines if line.startswith(".venv/bin/python mingpt/")]
 
 
+@pytest.mark.slow
 def test_the_quick_start_works_in_order_in_a_fresh_clone_with_no_network(tmp_path, monkeypatch):
     """The README's quick start as written, in a clone with no network, made short: the laptop config,
     20 steps; generate.py (in this process) on what that left; then the original's default run with
@@ -417,6 +426,7 @@ def test_snapshot_that_does_not_fit_is_refused_in_one_line_and_untouched(text_fi
     assert sha256(snapshot) == before
 
 
+@pytest.mark.slow
 def test_a_bpe_run_resumes_bit_for_bit_and_its_snapshot_speaks(text_file, tmp_path, capsys, one_torch_thread):
     """One process (2 ranks: tests/end_to_end/test_tokens_and_gpt2.py): 6 steps unbroken, and from
     the step-3 snapshot alone, end alike; generate.py decodes the BPE model's tokens; the same
@@ -445,6 +455,7 @@ def test_a_bpe_run_resumes_bit_for_bit_and_its_snapshot_speaks(text_file, tmp_pa
     assert sha256(last[1]) == before
 
 
+@pytest.mark.slow
 def test_a_muon_run_resumes_bit_for_bit_and_is_refused_where_it_would_be_sharded(text_file, tmp_path, capsys,
                                                                                 one_torch_thread):
     """optimizer_config.name=muon: 6 steps unbroken, and from the step-3 snapshot alone, end alike (Muon's
@@ -467,6 +478,7 @@ def test_a_muon_run_resumes_bit_for_bit_and_is_refused_where_it_would_be_sharded
                                               "weight matrix, which fsdp shards over the ranks")
 
 
+@pytest.mark.slow
 def test_a_run_on_llmc_shards_with_their_own_validation_resumes_bit_for_bit(text_file, tmp_path, capsys,
                                                                             one_torch_thread):
     """Three llm.c shards of a 300-token BPE to train on (windows straddle them) and one to evaluate
@@ -559,6 +571,7 @@ def test_a_diverging_run_stops_within_two_steps_and_keeps_its_snapshot(text_file
     assert "Snapshot saved" not in result.stdout and sha256(trained_snapshot) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("learning_rate, cause", [
     (1e6, r"the weights are not finite at step \d+ \(training diverged\): not saved"),
     (3.0, r"training diverged: the loss spiked from step 171 \(to [\d.]+, [\d.]+x its recent mean [\d.]+, "

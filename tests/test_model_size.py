@@ -23,6 +23,7 @@ def test_table_lists_every_setting():
     assert "25,352,192" in text
 
 
+@pytest.mark.slow
 def test_the_command_goes_quietly_when_its_reader_does():
     """`python model_size.py | head -1`: the reader closes the pipe before the table is written;
     the command ends without a BrokenPipeError traceback (from inside mingpt/, as users run it)."""

@@ -21,6 +21,7 @@ def planned(overrides: list[str], **cluster) -> tuple[list, list[str]]:
     return rows, recommend(rows, setting)
 
 
+@pytest.mark.slow
 def test_the_tutorials_four_gpus_of_16_gb_train_the_default_model_with_ddp(capsys):
     plan.main(["--gpus-per-node", "4", "--device", "V100", "--memory-gb", "16", "--vocab-size", "65"])
     out = capsys.readouterr().out
@@ -31,6 +32,7 @@ def test_the_tutorials_four_gpus_of_16_gb_train_the_default_model_with_ddp(capsy
     assert "<- configured" in out
 
 
+@pytest.mark.slow
 def test_less_memory_moves_the_recommendation_to_sharding_then_checkpointing_then_offload():
     """gpt2-xl, batch 16 on one node of 8 H100s: DDP fits 80 GB; in 20 GB only FSDP; in 4.5 GB only
     FSDP with activation checkpointing; in 3 GB only with CPU offload as well."""
@@ -46,6 +48,7 @@ def test_less_memory_moves_the_recommendation_to_sharding_then_checkpointing_the
     assert "activation_checkpointing=full trainer_config.cpu_offload=True" in advice[3]
 
 
+@pytest.mark.slow
 def test_a_slower_network_asks_for_more_gradient_accumulation():
     """gpt2 across 8 nodes: DDP's all-reduce outlasts its backward pass more as the network slows,
     and more micro-batches per synchronisation bring the efficiency back to the target."""
@@ -82,6 +85,7 @@ def test_bad_input_is_one_line_naming_the_key(arguments, key, capsys):
     assert err.startswith(f"error: {key}") and "\n" not in err
 
 
+@pytest.mark.slow
 def test_runs_as_a_script_from_inside_mingpt():
     line = one_error_line(run([sys.executable, "plan.py", "--nodes", "0"], cwd=MINGPT))
     assert line == "error: --nodes: must be a positive number of nodes, got 0"

@@ -43,6 +43,7 @@ def colour_pixels(rgba: torch.Tensor, colour: tuple[int, int, int], tolerance: i
     return int(((rgba[..., :3] - torch.tensor(colour)).abs() <= tolerance).all(dim=-1).sum())
 
 
+@pytest.mark.slow
 def test_the_command_writes_a_png_of_the_expected_size(metrics_file, tmp_path):
     output = tmp_path / "loss.png"
     result = run([sys.executable, MINGPT / "plot_metrics.py", metrics_file, "-o", output],

@@ -13,6 +13,7 @@ def write(path, text: str) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_cli_prepares_then_finds_it_up_to_date(tmp_path):
     source = write(tmp_path / "input.txt", make_text(6000))
     result = run([sys.executable, MINGPT / "prepare_data.py", source])
@@ -24,6 +25,7 @@ def test_cli_prepares_then_finds_it_up_to_date(tmp_path):
     assert result.stdout.startswith(f"up to date: {source}.tokens: 6,000 tokens")
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line_and_exit_1(tmp_path):
     result = run([sys.executable, MINGPT / "prepare_data.py", tmp_path / "missing.txt"])
     assert result.returncode == 1 and result.stdout == ""

@@ -28,6 +28,7 @@ def train_lines(train, snapshot, **extra):
     return read_metrics(default_metrics_path(str(snapshot)), "train")
 
 
+@pytest.mark.slow
 def test_accumulating_micro_batches_matches_one_big_batch(train, tmp_path):
     whole = train_lines(train, tmp_path / "whole.pt", trainer_config__batch_size=32,
                         trainer_config__max_steps=30, **NO_DROPOUT)
@@ -39,6 +40,7 @@ def test_accumulating_micro_batches_matches_one_big_batch(train, tmp_path):
     assert split[-1]["tokens"] == whole[-1]["tokens"]
 
 
+@pytest.mark.slow
 def test_cosine_schedule_with_warmup_reaches_the_metrics(train, tmp_path):
     lines = train_lines(train, tmp_path / "snap.pt", optimizer_config__lr_schedule="cosine",
                         optimizer_config__warmup_steps=10, optimizer_config__learning_rate=1e-3)
@@ -48,6 +50,7 @@ def test_cosine_schedule_with_warmup_reaches_the_metrics(train, tmp_path):
     assert all(later <= earlier for earlier, later in zip(lrs[9:], lrs[10:]))
 
 
+@pytest.mark.slow
 def test_compiled_model_trains_and_snapshots_plain_names(train, tmp_path, monkeypatch):
     """compile=True compiles the model in place (TorchDynamo traces the project's modules, dropout and
     attention included, forward and backward through AOTAutograd) and snapshots keep plain names.
@@ -68,6 +71,7 @@ def test_compiled_model_trains_and_snapshots_plain_names(train, tmp_path, monkey
     assert "tok_emb.weight" in names and not any(name.startswith("_orig_mod") for name in names)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("use_amp, peak", [(True, 8e9), (False, 2e9)])
 def test_mfu_is_held_against_the_peak_of_the_precision_in_use(monkeypatch, tmp_path, world_of_one,
                                                               one_torch_thread, use_amp, peak):
@@ -99,6 +103,7 @@ def test_mfu_is_held_against_the_peak_of_the_precision_in_use(monkeypatch, tmp_p
         flops.peak_flops.cache_clear()
 
 
+@pytest.mark.slow
 def test_a_step_budget_ends_mid_epoch_with_a_snapshot_and_sets_the_schedule(train, tmp_path):
     snapshot = tmp_path / "snap.pt"
     result = train(snapshot, trainer_config__max_epochs=5, trainer_config__max_steps=25,
@@ -122,6 +127,7 @@ def test_a_step_budget_ends_mid_epoch_with_a_snapshot_and_sets_the_schedule(trai
         "to train on, or set another trainer_config.snapshot_path to start afresh")
 
 
+@pytest.mark.slow
 def test_evaluation_every_n_steps_on_a_fixed_subset(train, tmp_path):
     snapshot = tmp_path / "snap.pt"
     train(snapshot, trainer_config__max_steps=30, trainer_config__eval_every_steps=10,
@@ -131,6 +137,7 @@ def test_evaluation_every_n_steps_on_a_fixed_subset(train, tmp_path):
     assert evals[-1]["loss"] < evals[0]["loss"]
 
 
+@pytest.mark.slow
 def test_snapshots_every_n_minutes_keep_their_cadence(train, tmp_path):
     folder = tmp_path / "snaps"
     interval_s = 1.5

@@ -3,6 +3,9 @@ ranks, and sane. The script runs in this process; what it measures runs in proce
 import json
 
 import bench_data
+import pytest
+
+pytestmark = pytest.mark.slow
 
 
 def test_reports_preparation_startup_memory_per_rank_and_loader_speed(tmp_path, capsys):

@@ -7,6 +7,8 @@ import sys
 import pytest
 from helpers import REPO
 
+pytestmark = pytest.mark.slow
+
 
 def test_compares_the_project_path_with_torchs(tmp_path):
     report = tmp_path / "dropout.json"

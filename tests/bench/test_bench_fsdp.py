@@ -4,6 +4,9 @@ this process; its workers are real torchrun processes."""
 import json
 
 import bench_fsdp
+import pytest
+
+pytestmark = pytest.mark.slow
 
 
 def test_ddp_and_fsdp_report_every_rank_and_fsdp_holds_half(tmp_path, capsys):

@@ -2,7 +2,10 @@
 import json
 import sys
 
+import pytest
 from helpers import REPO, assert_ok, run
+
+pytestmark = pytest.mark.slow
 
 
 def test_reports_first_token_and_tokens_per_second_with_and_without_the_cache(tmp_path):

@@ -5,7 +5,10 @@ import argparse
 import json
 
 import bench_plan
+import pytest
 from helpers import REPO, TORCHRUN, assert_ok, run
+
+pytestmark = pytest.mark.slow
 
 CONFIGS = "ddp:none:2,fsdp:none:2,fsdp:full:2,ddp:full:1"
 TOLERANCE = bench_plan.TARGET

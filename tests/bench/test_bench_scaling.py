@@ -5,6 +5,8 @@ import json
 import bench_scaling
 import pytest
 
+pytestmark = pytest.mark.slow
+
 
 def test_cpu_scaling_compares_processes_with_threads_on_one_global_batch(tmp_path, capsys):
     report = tmp_path / "scaling.json"

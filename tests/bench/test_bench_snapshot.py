@@ -2,9 +2,12 @@
 import json
 import sys
 
+import pytest
 from helpers import REPO, assert_ok, run
 
 from mingpt.model_size import measure
+
+pytestmark = pytest.mark.slow
 
 
 def test_reports_save_and_load_locally_and_on_s3_and_the_pauses(tmp_path):

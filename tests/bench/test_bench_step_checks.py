@@ -3,7 +3,10 @@ a counted write against an uncounted one."""
 import json
 import sys
 
+import pytest
 from helpers import REPO, assert_ok, run
+
+pytestmark = pytest.mark.slow
 
 
 def test_reports_the_watch_s_cost_against_a_step_and_a_counted_write(tmp_path):

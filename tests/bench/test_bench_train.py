@@ -32,6 +32,7 @@ def percentages(ms: dict[str, float]) -> dict:
     return {phase: pytest.approx(100 * value / sum(ms.values())) for phase, value in ms.items()}
 
 
+@pytest.mark.slow
 def test_one_process_reports_speed_split_mfu_and_memory(tmp_path, text_file):
     report, stdout = run_bench(tmp_path, text_file, [sys.executable])
     (result,) = report["results"]
@@ -48,6 +49,7 @@ def test_one_process_reports_speed_split_mfu_and_memory(tmp_path, text_file):
     assert "split: data" in stdout and "Linear matmuls in the step" in stdout
 
 
+@pytest.mark.slow
 def test_under_torchrun_rank_zero_reports_for_the_world(tmp_path, text_file):
     report, stdout = run_bench(tmp_path, text_file,
                                [*TORCHRUN, "--standalone", "--nproc_per_node=2"])

@@ -6,6 +6,7 @@ import multi_rank_cuda
 import pytest
 
 
+@pytest.mark.slow
 def test_a_scenario_runs_its_ranks_and_is_recorded(tmp_path, capsys):
     """FSDP on 2 ranks under one torchrun, as the script runs it on a GPU (HSDP's two agents run in
     tests/end_to_end/test_cluster.py, across two hosts)."""

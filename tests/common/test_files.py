@@ -65,6 +65,7 @@ with watch:
 """
 
 
+@pytest.mark.slow
 def test_a_single_process_whose_write_stops_moving_ends_in_one_line(tmp_path):
     """No other rank to wait for it: the process's own watchdog names its stalled write and ends it."""
     path = str(tmp_path / "snap.pt")

@@ -45,6 +45,7 @@ def one_step(tmp_path, monkeypatch, mode: str, amp_dtype) -> tuple[dict, list[in
     return {name: param.grad for name, param in trainer.model.named_parameters()}, saved
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("amp_dtype", [None, torch.bfloat16], ids=["fp32", "bf16"])
 def test_full_checkpointing_gives_the_same_gradients_from_fewer_saved_bytes(
         tmp_path, monkeypatch, world_of_one, one_torch_thread, amp_dtype):

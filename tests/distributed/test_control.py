@@ -181,6 +181,7 @@ dist.TCPStore("127.0.0.1", 0, world_size=2, is_master=True, wait_for_workers=Tru
 """
 
 
+@pytest.mark.slow
 def test_ctrl_c_is_said_at_once_and_a_second_quits_even_inside_a_long_call_of_cpp():
     """Python's handler would wait for the call to return: the first Ctrl-C's line comes at once, and
     after a second the process ends within QUIT_WAIT_S and a little, status 130, with its line."""

@@ -151,6 +151,7 @@ def first_snapshot(taken: dict[str, dict], at: str) -> str:
     return next(name for name, snapshot in taken.items() if (snapshot["epoch_step"] == 0) == (at == "epoch"))
 
 
+@pytest.mark.slow
 @needs_native_bf16
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_bf16_autocast_trains_end_to_end(text_file, tmp_path, nproc):
@@ -165,6 +166,7 @@ def test_bf16_autocast_trains_end_to_end(text_file, tmp_path, nproc):
 SCALERS = {"ddp": "GradScaler", "fsdp": "FusedShardedGradScaler"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method, nproc, resume_at", [("ddp", 1, "epoch"), ("fsdp", 2, "step")])
 def test_fp16_with_a_grad_scaler_trains_and_resumes_bitwise(fp16_run, tmp_path, method, nproc, resume_at):
     """Two epochs unbroken, and again from one of its snapshots: every snapshot the resumed run
@@ -238,6 +240,7 @@ def small_trainer(tmp_path, monkeypatch, force_fp16=False, method="ddp"):
     return trainer, ids[:, :-1], ids[:, 1:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["ddp", "fsdp"])
 def test_an_fp16_step_never_reads_a_value_back_to_the_host(tmp_path, monkeypatch, world_of_one,
                                                             one_torch_thread, method):
@@ -256,6 +259,7 @@ def test_an_fp16_step_never_reads_a_value_back_to_the_host(tmp_path, monkeypatch
     assert trainer.scaler.get_scale() == INITIAL_SCALE  # no overflow, no skipped step, scale unchanged
 
 
+@pytest.mark.slow
 @needs_native_bf16
 def test_use_amp_computes_in_bf16_on_this_cpu(tmp_path, monkeypatch, world_of_one, one_torch_thread):
     trainer, inputs, targets = small_trainer(tmp_path, monkeypatch)

@@ -45,6 +45,8 @@ from state_equality import assert_same_state
 from mingpt.reporting.metrics import default_metrics_path, read_metrics
 from mingpt.storage.sharded_store import to_single_file
 
+pytestmark = pytest.mark.slow
+
 SBATCH_RUN = REPO / "slurm" / "sbatch_run.sh"
 RESUMED = re.compile(r"Resuming training from snapshot at Epoch (\d+)")
 SAVED = re.compile(r"Snapshot saved at epoch (\d+)")

@@ -73,6 +73,7 @@ def test_torchrun_from_inside_mingpt(fsdp_two_epochs):
     check_two_rank_run(fsdp_two_epochs, fsdp_two_epochs.folder)
 
 
+@pytest.mark.slow
 def test_an_error_every_rank_meets_during_the_run_is_said_once(text_file, tmp_path):
     """A damaged snapshot: every rank fails to read it and one says so, the first to get there (they
     agree through the process group's store; none waits for another). The snapshot is left as it was."""
@@ -85,6 +86,7 @@ def test_an_error_every_rank_meets_during_the_run_is_said_once(text_file, tmp_pa
     assert snapshot.read_bytes() == b"not a snapshot"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override, said", [
     ("trainer_config.batch_size=0", "error: trainer_config.batch_size: must be positive"),
     # Hydra's own refusal, before main.py's code runs: it was said by every rank.
@@ -101,6 +103,7 @@ def test_a_config_error_is_said_by_local_rank_zero_even_when_it_is_the_slowest(t
     assert result.stderr.count(said) == 1, result.stderr
 
 
+@pytest.mark.slow
 def test_an_error_on_one_rank_alone_is_reported_by_that_rank(text_file, tmp_path):
     """Local rank 1 stays quiet about errors every rank shares, but not about one of its own."""
     env = dict(os.environ, FAULT="error:3", FAULT_RANK="1", OMP_NUM_THREADS="1")
@@ -110,6 +113,7 @@ def test_an_error_on_one_rank_alone_is_reported_by_that_rank(text_file, tmp_path
     assert result.stderr.count(f"error: [rank 1] {INJECTED_ERROR}") == 1
 
 
+@pytest.mark.slow
 def test_a_text_behind_a_url_is_read_by_one_rank_while_the_other_waits(tmp_path):
     body = make_text(6000).encode()
     overrides = tiny_overrides("unused", tmp_path / "snap.pt", data_config__cache_dir=tmp_path / "cache",
@@ -123,6 +127,7 @@ def test_a_text_behind_a_url_is_read_by_one_rank_while_the_other_waits(tmp_path)
     assert "Snapshot saved at step 3 (the last)" in result.stdout
 
 
+@pytest.mark.slow
 def test_muon_trains_under_ddp(text_file, tmp_path):
     """Two ranks, optimizer_config.name=muon: each rank's Muon orthogonalises the same all-reduced
     gradients; the run trains and its snapshot holds both optimizers' state."""

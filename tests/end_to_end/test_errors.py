@@ -2,6 +2,7 @@
 wrong"), from the rank that knows, rank 0 for what every rank meets alike; torchrun's own report aside."""
 import time
 
+import pytest
 from helpers import (
     MAIN,
     TORCHRUN,
@@ -14,6 +15,8 @@ from helpers import (
     the_ranks_one_error_line,
     tiny_overrides,
 )
+
+pytestmark = pytest.mark.slow
 
 PROCESS_GROUP_TIMEOUT_S = 5
 

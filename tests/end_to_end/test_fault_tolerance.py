@@ -36,6 +36,8 @@ from state_equality import assert_same_state
 
 from mingpt.distributed.control import INTERRUPT_EXIT_STATUS, STOP_EXIT_STATUS
 
+pytestmark = pytest.mark.slow
+
 STEPS_PER_EPOCH = 85  # 5,385 train samples / (32 per rank x 2 ranks)
 
 

@@ -20,6 +20,8 @@ from state_equality import assert_same_state
 
 from mingpt.storage.snapshot import read_snapshot
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("transformers")
 
 IDS = torch.arange(2 * 16).view(2, 16) * 11 % 300

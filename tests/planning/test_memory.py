@@ -42,6 +42,7 @@ def whole_step_peaks(key: TraceKey, n_layer: int, batch_size: int) -> dict[tuple
     return peaks
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device_type, dtype, casts, checkpointing", [
     ("cpu", None, False, "none"), ("cpu", None, False, "full"), ("cpu", torch.bfloat16, True, "none"),
     ("cuda", torch.bfloat16, False, "full")])
@@ -77,6 +78,7 @@ def test_the_cpu_step_keeps_its_dropout_masks_and_attention_maps():
     assert held[0.1] - held[0.0] >= masks + config.n_layer * attention_map
 
 
+@pytest.mark.slow
 def test_a_gpu_step_keeps_one_byte_masks_and_no_attention_maps():
     """On a GPU, F.dropout keeps a one-byte mask and SDPA's fused kernel no B x nh x T x T maps (only
     a B x nh x T log-sum-exp and its random seed): the CPU step holds the maps and three bytes per
@@ -125,6 +127,7 @@ def gpt2_large_plan(method: str) -> MemoryPlan:
     return replace(plan, advice=advice)
 
 
+@pytest.mark.slow
 def test_gpt2_large_under_ddp_on_two_ranks_is_refused_naming_what_it_needs_and_fsdp_fits():
     refused = gpt2_large_plan("ddp")
     assert refused.estimate.peak == pytest.approx(14.2e9, rel=0.01)  # 20 bytes per parameter, and more
@@ -147,6 +150,7 @@ def test_the_largest_batch_that_fits_is_the_last_that_fits():
     assert largest_batch(SMALL, "none", placement, fits_in(1), below=1000) == 0
 
 
+@pytest.mark.slow
 def test_start_up_refuses_a_run_whose_activations_do_not_fit_before_allocating(
         text_file, tmp_path, capsys, monkeypatch):
     """The state alone fits, a step of 4096 samples does not (it would with checkpointing): refused
@@ -192,6 +196,7 @@ def test_settings_that_differ_only_in_what_memory_ignores_share_one_trace():
         assert canonical(TraceKey(differs, "cpu", None, False, "none")) not in keys
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", [lambda text: text[: len(text) // 2], lambda text: "", lambda text: "[]"],
                          ids=["cut", "emptied", "another-shape"])
 def test_a_damaged_cached_trace_is_traced_again_and_rewritten(monkeypatch, tmp_path, damage):

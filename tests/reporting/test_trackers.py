@@ -100,6 +100,7 @@ def test_a_resumed_run_sends_only_the_steps_its_trackers_have_not_had(tmp_path, 
     assert [line["step"] for line in read_metrics(str(path))] == [1, 2, 3, 4, 5, 6, 7, 8, 9]
 
 
+@pytest.mark.slow
 def test_a_failing_tracker_is_said_once_and_dropped_while_the_others_and_the_file_go_on(
         tmp_path, recording, caplog):
     recording.fail_on = 2
@@ -186,6 +187,7 @@ def mlflow_runs(folder: Path):
     return client, client.search_runs([experiment.experiment_id])
 
 
+@pytest.mark.slow
 def test_a_two_rank_run_stopped_and_resumed_is_one_tracked_run_with_every_step_once(text_file, tmp_path):
     """Rank 0 alone tracks; the SIGTERM stop ends the tracked runs at a step boundary and the resumed
     run (one process: an elastic restart at another world size) continues them (their ids are in

@@ -4,6 +4,7 @@ import sys
 import threading
 import time
 
+import pytest
 import torch
 from helpers import MAIN, assert_ok, one_error_line, run, run_main_in_process, sha256, tiny_overrides
 from state_equality import assert_same_state
@@ -115,6 +116,7 @@ def test_the_writer_thread_drives_the_ranks_gpu(monkeypatch):
     assert len(devices_set) == 1  # on the CPU nothing to set
 
 
+@pytest.mark.slow
 def test_a_save_refused_mid_run_stops_the_run_with_its_error_and_keeps_the_previous_snapshot(
         text_file, tmp_path, capsys, one_torch_thread):
     """The disk refuses the resumed run's first snapshot (of step 50): a file size limit

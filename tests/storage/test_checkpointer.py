@@ -56,6 +56,7 @@ def test_a_position_already_saved_is_not_saved_again_and_resumes_there(tmp_path,
     assert resumed.restore_rng(fallback_seed=0) and not resumed.restore_rng(fallback_seed=0)  # once
 
 
+@pytest.mark.slow
 def test_a_snapshot_of_another_vocabulary_padding_resumes_the_same_model(tmp_path, world_of_one):
     """Written unpadded (a vocabulary of 2 in 2 rows, as before padding), resumed into 64 rows: the
     same logits, before and after a step (the optimizer's state re-padded too). A sharded snapshot

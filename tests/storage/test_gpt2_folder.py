@@ -78,6 +78,7 @@ def hub_names(folder, tmp_path):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["save_pretrained", "sharded", "hub names"])
 def test_the_model_gives_the_folders_logits(folder, expected, tmp_path, layout):
     path = {"save_pretrained": lambda: folder, "sharded": lambda: sharded(folder, tmp_path),
@@ -206,6 +207,7 @@ def test_the_data_takes_the_folders_tokenizer_and_at_most_its_positions(folder):
         opened.check_data("bpe", 16)
 
 
+@pytest.mark.slow
 def test_training_starts_from_the_folder_and_a_snapshot_comes_first(folder, tmp_path, capsys):
     """One process: the folder's shape, activation and tokenizer go into the snapshot; run again,
     the snapshot is resumed (the folder only names the shape); a size against the folder's is one

@@ -128,6 +128,7 @@ def test_a_lease_on_s3_refuses_a_second_run(s3, monkeypatch, other_process):
     assert not files.exists(lease_path(snapshot))
 
 
+@pytest.mark.slow
 def test_two_real_runs_on_one_path(text_file, tmp_path):
     """A 2-rank run holds its path: a second run started on it is refused in one line and changes
     nothing; the first trains on undisturbed. Killed (every process, as by SIGKILL), it leaves its

@@ -29,6 +29,8 @@ from helpers import (
 from mingpt.common import files
 from mingpt.reporting.metrics import local_copy_of, read_metrics
 
+pytestmark = pytest.mark.slow
+
 PART = 5 * 2**20
 """s3fs's smallest write block size (S3's smallest multipart part); s3fs's default is 50 MiB."""
 

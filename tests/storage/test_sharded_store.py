@@ -68,6 +68,7 @@ def assert_restored(restored, saved):
     assert_same_state(restored["optimizer"], saved["optimizer"], "optimizer")
 
 
+@pytest.mark.slow
 def test_each_rank_writes_its_shard_and_rank_zero_completes_it(sharded_run):
     entry = sharded_run / "sharded_000000085"
     names = sorted(os.listdir(entry))
@@ -76,6 +77,7 @@ def test_each_rank_writes_its_shard_and_rank_zero_completes_it(sharded_run):
     assert info.finished_epoch == 1 and info.model_state == {}  # tensors live in the shards
 
 
+@pytest.mark.slow
 def test_resumes_the_saved_values_at_the_same_world_size(sharded_run, saved, text_file, tmp_path):
     folder = tmp_path / "run"
     shutil.copytree(sharded_run, folder)
@@ -86,6 +88,7 @@ def test_resumes_the_saved_values_at_the_same_world_size(sharded_run, saved, tex
     assert (folder / f"sharded_{SAVED_STEP + 2:09d}" / "info.pt").exists()
 
 
+@pytest.mark.slow
 def test_resumes_at_another_world_size_never_from_an_interrupted_save(sharded_run, saved, text_file,
                                                                       tmp_path):
     """One DDP process resumes FSDP's 2 shards, past a newer folder whose shards were being written
@@ -103,6 +106,7 @@ def test_resumes_at_another_world_size_never_from_an_interrupted_save(sharded_ru
     assert (folder / f"sharded_{SAVED_STEP + 2:09d}" / "info.pt").exists()
 
 
+@pytest.mark.slow
 def test_converts_to_a_single_file_of_the_saved_values_that_resumes(sharded_run, saved, text_file, tmp_path,
                                                                      capsys, one_torch_thread):
     """Given the run's folder (its newest complete snapshot, sharded_000000085, is converted); then
@@ -129,6 +133,7 @@ def test_converts_to_a_single_file_of_the_saved_values_that_resumes(sharded_run,
 
 
 
+@pytest.mark.slow
 def test_a_complete_snapshot_with_a_damaged_shard_is_refused_naming_the_one_before(sharded_run, text_file,
                                                                                     tmp_path, capsys):
     """A shard cut short after its folder was completed (a disk that lost its tail): one line with
@@ -148,6 +153,7 @@ def test_a_complete_snapshot_with_a_damaged_shard_is_refused_naming_the_one_befo
     assert sha256(shard) == before
 
 
+@pytest.mark.slow
 def test_metadata_that_would_run_code_is_refused(sharded_run, text_file, tmp_path, capsys):
     folder = tmp_path / "run"
     shutil.copytree(sharded_run, folder)
@@ -210,6 +216,7 @@ def test_each_rank_stages_and_writes_only_its_share_of_what_every_rank_holds(wor
     assert all(rank_share({"w": shard}, rank, world_size=2) == {"w": shard} for rank in range(2))
 
 
+@pytest.mark.slow
 def test_a_sharded_snapshot_exports_to_a_hugging_face_folder_with_its_logits(sharded_run, saved, tmp_path,
                                                                              one_torch_thread):
     transformers = pytest.importorskip("transformers")

@@ -47,6 +47,7 @@ def test_a_billion_elements_need_no_list():
     assert first.unique().numel() == 100_000 and int(first.max()) < 10**9
 
 
+@pytest.mark.slow
 def test_the_same_order_in_another_process():
     code = ("import torch; from mingpt.tokens.permutation import Permutation;"
             "print(Permutation(12345, 99)(torch.arange(0, 12345, 97)).tolist())")

@@ -352,6 +352,7 @@ def test_the_rollback_spares_files_made_before_this_call(tmp_path, tokenizer):
 
 # ------------------------------------------------------------------------------------------ a run
 
+@pytest.mark.slow
 def test_a_run_on_a_folder_of_texts_with_its_own_validation(tmp_path, tokenizer, capsys, one_torch_thread):
     """main.py on a folder of 3 texts (prepared by the run itself) and a validation text set: a few
     steps and an evaluation; start-up names the set."""

@@ -207,6 +207,7 @@ print(json.dumps([str(path), built]), flush=True)
 """
 
 
+@pytest.mark.slow
 def test_concurrent_preparations_build_once(tmp_path):
     text = make_text(60000)
     source = write(tmp_path / "input.txt", text)
