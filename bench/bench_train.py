@@ -106,6 +106,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--data", type=Path, default=DEFAULT_CORPUS,
                    help="UTF-8 text file; the default corpus is fetched as main.py fetches it; synthetic "
                         "text is generated (and flagged) when there is none")
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help="train on synthetic text of this many characters instead of --data (50257: GPT-2's "
+                        "output layer)")
     p.add_argument("--profile", action="store_true", help="print the profiled steps' top ops and categories")
     p.add_argument("--profile-steps", type=int, default=3,
                    help="steps recorded by torch.profiler (for the matmuls' speed, and --profile)")
@@ -533,7 +536,12 @@ def bench_model(name: str, args, dataset, data_config, env: DistEnv, snapshot_di
 def run(args, env: DistEnv, snapshot_dir: str) -> None:
     configure_logging(env.rank)
     log.setLevel(logging.WARNING)  # keep the Trainer's warnings (e.g. AMP ignored), not its chatter
-    dataset, data_config, source = load_data(args.data, args.block_size, env)
+    if args.vocab_size:
+        dataset = CharDataset(synthetic_text(2_000_000, SEED, args.vocab_size), args.block_size)
+        data_config = DataConfig(block_size=args.block_size)
+        source = f"SYNTHETIC text of {args.vocab_size:,} characters"
+    else:
+        dataset, data_config, source = load_data(args.data, args.block_size, env)
     print(f"data: {source} ({dataset.num_chars:,} chars, vocab {dataset.vocab_size}); {env.world_size} "
           f"x {env.device}, {torch.get_num_threads()} threads each, batch {args.batch_size} x "
           f"{args.block_size} tokens per rank, {args.warmup} warmup + {args.steps} timed + "

@@ -26,10 +26,15 @@ RESULTS = REPO / "bench" / "results"
 RESULT_PREFIX = "RESULT "
 
 
-def synthetic_text(chars: int = 200_000, seed: int = 0) -> str:
+def synthetic_text(chars: int = 200_000, seed: int = 0, vocab_size: int = 65) -> str:
     """Seeded random text over a Shakespeare-sized alphabet (65 symbols): no data file needed, and
-    the vocabulary, and with it the output layer's cost, is about what the real corpus gives."""
+    the vocabulary, and with it the output layer's cost, is about what the real corpus gives. A larger
+    vocab_size (GPT-2's 50,257) takes that many characters from the code points after U+4E00
+    (surrogates skipped), so that a character model has GPT-2's output layer."""
     alphabet = string.ascii_letters + " .,;:!?'-&$3\n"
+    if vocab_size != len(alphabet):
+        points = (point for point in range(0x4E00, 0x4E00 + 2 * vocab_size) if not 0xD800 <= point < 0xE000)
+        alphabet = "".join(chr(point) for _, point in zip(range(vocab_size), points))
     ids = torch.randint(len(alphabet), (chars,), generator=torch.Generator().manual_seed(seed))
     return "".join(alphabet[i] for i in ids.tolist())
 

@@ -135,6 +135,8 @@ class Decision:
 CTRL_C_LINE = (b"\nCtrl-C: stopping at the end of this step with a snapshot; "
                b"press Ctrl-C again to quit at once without one\n")
 QUIT_LINE = b"Interrupted: quit without a new snapshot (the last complete one is as it was)\n"
+CLOSING = 0
+"""What CtrlC's thread reads to end (no signal has the number 0)."""
 QUIT_WAIT_S = 2.0
 """After a second Ctrl-C, how long the training thread has to quit by itself (KeyboardInterrupt,
 which removes a half-written temporary file) before CtrlC ends the process."""
@@ -163,7 +165,7 @@ class CtrlC:
                 numbers = os.read(self._read, 64)
             except OSError:
                 return
-            if not numbers:  # closed: the run is over
+            if not numbers or CLOSING in numbers:  # the run is over
                 return
             for number in numbers:
                 if number != signal.SIGINT:
@@ -189,8 +191,11 @@ class CtrlC:
         self._thread_stopping()
 
     def _thread_stopping(self) -> None:
-        os.close(self._write)
+        # A byte of its own wakes the thread: DataLoader workers forked meanwhile hold the pipe's
+        # writing end too, so closing it here would never read as its end.
+        os.write(self._write, bytes([CLOSING]))
         self._thread.join()
+        os.close(self._write)
         os.close(self._read)
         if self._quitting is not None:
             self._quitting.cancel()

@@ -200,3 +200,20 @@ def test_ctrl_c_is_said_at_once_and_a_second_quits_even_inside_a_long_call_of_cp
     finally:
         process.kill()
         process.wait()
+
+
+def test_the_agreement_closes_while_a_forked_worker_lives(world_of_one):
+    """DataLoader workers are forked after the agreement opens, and hold what it opened: closing must
+    not wait for them (it waited for ever for the end of a pipe they held)."""
+    import multiprocessing
+
+    agreement = StepAgreement([], save_every_minutes=0, env=world_of_one)
+    worker = multiprocessing.get_context("fork").Process(target=time.sleep, args=(30,))
+    worker.start()
+    try:
+        started = time.monotonic()
+        agreement.close()
+        assert time.monotonic() - started < 5
+    finally:
+        worker.kill()
+        worker.join()
