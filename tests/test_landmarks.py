@@ -55,7 +55,7 @@ def test_the_original_s_names_are_where_the_tutorial_puts_them():
         if (original, name) in MOVED:
             continue
         assert target.rsplit(".", 1)[-1].rsplit(":", 1)[-1] == name, (original, name, target)
-        defined_in = inspect.getsourcefile(found)
+        defined_in = inspect.getsourcefile(inspect.unwrap(found))  # ddp_setup is a context manager
         assert defined_in.endswith(f"mingpt/{original}") or name == "Snapshot", (original, name, defined_in)
 
 
