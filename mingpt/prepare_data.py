@@ -13,7 +13,8 @@ A set of texts (a folder or glob of .txt, .jsonl and .parquet files: tokens/text
 file by file by --processes processes of this machine, each file once (a progress bar on a terminal,
 else a line for each file made); a training job's processes share the work the same way, so this only
 does it ahead of the job. So is a text larger than 256 MB under a BPE, range by range
-(tokens/text_ranges.py).
+(tokens/text_ranges.py). Which of these PATH is, training and this command decide alike
+(tokens/sources.py).
 """
 import contextlib
 import functools
@@ -28,10 +29,19 @@ from typing import Callable, Iterator, Optional
 
 from mingpt.common.errors import OneLineArgumentParser, command
 from mingpt.common.files import CACHE_DIR_ENV
-from mingpt.tokens.shards import AUTO, FORMATS, names_shards, open_shards
-from mingpt.tokens.text_ranges import is_ranged, prepare_ranges, range_paths
-from mingpt.tokens.text_set import DEFAULT_TEXT_FIELD, Report, TextSet, prepare_set, set_files
-from mingpt.tokens.token_file import fingerprint, open_token_file, prepare, read_header
+from mingpt.tokens.shards import AUTO, FORMATS
+from mingpt.tokens.sources import (
+    PATH_KEY,
+    OneText,
+    SetOfTexts,
+    Shards,
+    SourceSettings,
+    TextInRanges,
+    source_of,
+)
+from mingpt.tokens.text_ranges import range_paths
+from mingpt.tokens.text_set import DEFAULT_TEXT_FIELD
+from mingpt.tokens.token_file import Report, fingerprint, open_token_file, read_header
 from mingpt.tokens.tokenizer import CHAR, DEFAULT_SAMPLE_MB, DEFAULT_VOCAB_SIZE, TokenizerChoice, Vocabulary
 
 
@@ -40,13 +50,36 @@ def summary(path: Path) -> str:
     return f"{path}: {tokens.n_tokens:,} tokens, vocabulary of {tokens.vocab_size}"
 
 
-def check_shards(path: str, format: str, choice: TokenizerChoice) -> str:
+def prepare_text(text: OneText, processes: int) -> str:
+    """A text's token file, made (or found up to date) by this process."""
+    start = time.perf_counter()
+    made = []
+    text.prepare(True, lambda source, path, now: made.append((path, now)))
+    [(path, built)] = made
+    seconds = time.perf_counter() - start
+    if not built:
+        return f"up to date: {summary(path)}"
+    size = fingerprint(text.path).get("size") or 0
+    return f"prepared {summary(path)}, {size / 1e6 / max(seconds, 1e-9):.1f} MB/s"
+
+
+def prepare_text_in_ranges(text: TextInRanges, processes: int) -> str:
+    """A large text's ranges, made by this process and processes - 1 others (in_processes)."""
+    start = time.perf_counter()
+    paths = range_paths(text.path, text.cache_dir, text.tokenizer)  # the text's BPE trained first, here
+    made = in_processes(functools.partial(text.prepare, True), processes, paths, "ranges")
+    mb_per_s = fingerprint(text.path)["size"] / 1e6 / (time.perf_counter() - start)
+    return (f"{text.path} in ranges: {made:,} prepared now, {mb_per_s:.1f} MB/s with {processes} "
+            f"process{'es' if processes > 1 else ''}")
+
+
+def check_shards(shards: Shards, processes: int) -> str:
     """Shards are read as they lie: their headers (and a small set's ids) checked, nothing made."""
-    vocab_size = len(Vocabulary.from_json(choice.file.json)) if choice.file else None
-    stream = open_shards(path, format, vocab_size, "data_config.path")
+    choice = shards.settings.tokenizer
+    stream = shards.stream(len(Vocabulary.made_by(choice)) if choice.file else None)
     checked = "headers and ids checked" if stream.scanned else "headers checked"
-    return (f"nothing to prepare: {path} is {stream.describe()}, {len(stream):,} tokens, read as they lie "
-            f"({checked})")
+    return (f"nothing to prepare: {shards.path} is {stream.describe()}, {len(stream):,} tokens, read as they "
+            f"lie ({checked})")
 
 
 def say_line(line: str) -> None:
@@ -139,11 +172,12 @@ def progress_bar(total: int, unit: str) -> Iterator[None]:
 BAR_WIDTH = 30
 
 
-def prepare_text_set(text_set: TextSet, processes: int) -> str:
+def prepare_text_set(texts: SetOfTexts, processes: int) -> str:
     """The set prepared by this process and processes - 1 others, together (in_processes)."""
     start = time.perf_counter()
-    paths = text_set.token_files(text_set.tokenizer(make=True))  # a set's BPE trained first, here
-    made = in_processes(functools.partial(prepare_set, text_set), processes, paths, "files")
+    text_set = texts.texts
+    paths = text_set.token_files(text_set.tokenizer(make=True))  # its BPE trained (characters counted) here
+    made = in_processes(functools.partial(texts.prepare, True), processes, paths, "files")
     seconds = time.perf_counter() - start
     tokenizer = text_set.tokenizer(make=False)
     paths = text_set.token_files(tokenizer)
@@ -156,6 +190,11 @@ def prepare_text_set(text_set: TextSet, processes: int) -> str:
             f"{sum(layout['n_tokens'] for layout in layouts):,} tokens, vocabulary of "
             f"{read_header(paths[0])['vocab_size']:,}, "
             f"{size / 1e6 / max(seconds, 1e-9):.1f} MB/s with {workers}")
+
+
+PREPARING = {OneText: prepare_text, TextInRanges: prepare_text_in_ranges, SetOfTexts: prepare_text_set,
+             Shards: check_shards}
+"""What the command does, and says, for each kind of data (tokens/sources.py)."""
 
 
 @command
@@ -185,33 +224,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.processes < 1:
         parser.error(f"--processes must be 1 or more, got {args.processes}")
     choice = TokenizerChoice.of(args.tokenizer, args.bpe_vocab_size, args.bpe_sample_mb)
-    found = set_files(args.path, args.format, "data_config.path")
-    if found is not None:
-        text_set = TextSet("data_config.path", tuple(found), choice, args.text_field, args.cache_dir)
-        if choice.is_char:
-            text_set.tokenizer(make=False)  # characters for several texts: refused before anything is made
-        print(prepare_text_set(text_set, args.processes))
-        return
-    if names_shards(args.path, args.format):
-        print(check_shards(args.path, args.format, choice))
-        return
-    if is_ranged(args.path, choice):
-        start = time.perf_counter()
-        ranges = functools.partial(prepare_ranges, args.path, args.cache_dir, choice)
-        made = in_processes(ranges, args.processes, range_paths(args.path, args.cache_dir, choice), "ranges")
-        mb_per_s = fingerprint(args.path)["size"] / 1e6 / (time.perf_counter() - start)
-        print(f"{args.path} in ranges: {made:,} prepared now, {mb_per_s:.1f} MB/s with {args.processes} "
-              f"process{'es' if args.processes > 1 else ''}")
-        return
-    start = time.perf_counter()
-    path, built = prepare(args.path, args.cache_dir, choice)
-    seconds = time.perf_counter() - start
-    if built:
-        size = fingerprint(args.path).get("size") or 0
-        print(f"prepared {summary(path)}, {size / 1e6 / max(seconds, 1e-9):.1f} MB/s")
-    else:
-        print(f"up to date: {summary(path)}")
-
+    settings = SourceSettings(choice, args.format, args.text_field, args.cache_dir)
+    source = source_of(args.path, PATH_KEY, settings)
+    print(PREPARING[type(source)](source, args.processes))
 
 if __name__ == "__main__":
     main()

@@ -24,7 +24,7 @@ import os
 import resource
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 
@@ -236,6 +236,11 @@ class ShardStream:
                 finally:
                     os.close(descriptor)
 
+    def parts(self) -> Iterator[np.ndarray]:
+        """The stream's ids, a shard's (its first ones, for the last one kept) at a time."""
+        for index in range(len(self.shards)):
+            yield self._map(index)[: self.length - int(self.starts[index])]
+
     def scan(self) -> None:
         """Every id of the set against the vocabulary, a shard at a time (a small set only)."""
         for shard, ids in enumerate(self._maps):
@@ -243,6 +248,16 @@ class ShardStream:
                 where = int(np.flatnonzero(ids >= self.vocab_size)[0])
                 raise self.beyond_vocabulary(shard, int(ids[where]), where)
         self.scanned = True
+
+
+def count_ids(ids: "np.ndarray | ShardStream", vocab_size: int, chunk: int = 1 << 24) -> np.ndarray:
+    """How often each id occurs in an array of ids or a stream, a chunk at a time (bincount copies
+    its input as int64)."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for part in ids.parts() if isinstance(ids, ShardStream) else [ids]:
+        for first in range(0, len(part), chunk):
+            counts += np.bincount(part[first:first + chunk], minlength=vocab_size)
+    return counts
 
 
 def local_maps(shards: list[Shard]) -> list[Optional[np.memmap]]:

@@ -17,7 +17,7 @@ less keeps its one token file too.
 import hashlib
 import json
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from mingpt.common import files
 from mingpt.common.errors import DataError
@@ -92,18 +92,18 @@ def range_paths(source: str, cache_dir: Optional[str], choice: TokenizerChoice) 
 
 
 def prepare_ranges(source: str, cache_dir: Optional[str], choice: TokenizerChoice,
-                   done: Callable[[str, Path, bool], None] = lambda *_: None) -> list[Path]:
+                   done: Optional[token_file.Report] = None) -> list[Path]:
     """Every range's token file, made by this process or another of the machine; their paths. done:
-    as for token_file.prepare_in_turn."""
+    told of each, as by token_file.prepare_in_turn."""
     tokenizer = range_tokenizer(source, cache_dir, choice, make=True)
     parts = members(source, tokenizer)
-    token_file.prepare_in_turn(parts, cache_dir, tokenizer, done)
+    token_file.prepare_in_turn(parts, cache_dir, tokenizer, done or (lambda *_: None))
     return paths_of(parts, cache_dir, tokenizer)
 
 
 def open_ranges(source: str, cache_dir: Optional[str], choice: TokenizerChoice,
-                key: str) -> tuple[ShardStream, str]:
-    """The prepared ranges as one stream, and the tokenizer.json they share."""
+                key: str) -> tuple[ShardStream, TokenizerChoice]:
+    """The prepared ranges as one stream, and the tokenizer (a tokenizer.json) they share."""
     tokenizer = range_tokenizer(source, cache_dir, choice, make=False)
     paths = paths_of(members(source, tokenizer), cache_dir, tokenizer)
-    return open_token_files(paths, key, tokenizer.settings()), tokenizer.file.json
+    return open_token_files(paths, key, tokenizer.settings()), tokenizer

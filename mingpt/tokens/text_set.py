@@ -57,7 +57,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Callable, Iterator, Optional, Union
+from typing import Iterator, Optional
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -71,12 +71,10 @@ from mingpt.tokens.shards import (
     LAYOUT_FIELDS,
     SHARD_FORMATS,
     SUFFIX,
-    ShardStream,
     glob_matches,
-    open_token_files,
     remote_listing,
 )
-from mingpt.tokens.token_file import CHUNK_BYTES, PlainText, TokenFile, open_token_file
+from mingpt.tokens.token_file import CHUNK_BYTES, PlainText, Report
 from mingpt.tokens.tokenizer import BPE, END_OF_TEXT, TokenizerChoice, train_bpe
 
 TXT, JSONL, PARQUET = ".txt", ".jsonl", ".parquet"
@@ -407,10 +405,6 @@ def sample_texts(text_set: TextSet, source: str, sample_bytes: int) -> Iterator[
     return token_file.bpe_sample(source, size, sample_bytes) if size else iter(())
 
 
-Report = Callable[[str, Path, bool], None]
-"""Told of each file a process is done with: the source, its token file, whether it made it now."""
-
-
 def prepare_set(text_set: TextSet, report: Optional[Report] = None) -> list[Path]:
     """Every file's token file, made by this process or another one of the machine (see the module's
     docstring), current when this returns; its paths, in the set's order."""
@@ -448,19 +442,6 @@ def tell(report: Optional[Report], source: str, path: Path, now: bool, made: lis
         made.append(path)
     if report is not None:
         report(source, path, now)
-
-
-# ----------------------------------------------------------------------------------------- reading
-
-def open_set(text_set: TextSet) -> Union[TokenFile, tuple[ShardStream, str]]:
-    """The prepared set: a set of one file is that file's token file; a larger one the stream of its
-    token files (shards of the project's format) and the tokenizer.json they share."""
-    tokenizer = text_set.tokenizer(make=False)
-    index = text_set.index(tokenizer)
-    if len(index.token_files) == 1:
-        return open_token_file(index.token_files[0])
-    return open_token_files(index.token_files, text_set.key, tokenizer.settings(), index.layouts()), \
-        tokenizer.file.json
 
 
 # ------------------------------------------------------------------------------------- the set's index

@@ -540,10 +540,12 @@ def make_under_lock(source: str, path: Path, choice: TokenizerChoice, reader: Pl
 
 Member = tuple[str, PlainText, str]
 """A token file to make: its source, how the source is read, and which part of it (or "")."""
+Report = Callable[[str, Path, bool], None]
+"""Told of each token file a process is done with: its source, its path, whether it made it now."""
 
 
 def prepare_in_turn(members: list[Member], cache_dir: Optional[str], choice: TokenizerChoice,
-                    done: Callable[[str, Path, bool], None]) -> None:
+                    done: Report) -> None:
     """Each member's token file, shared with the machine's other processes: take every one whose lock
     is free, skipping those another process holds; then wait for those, made by then (their headers
     are checked, not their ids, which the process that held them has just made or checked). done

@@ -8,7 +8,7 @@ import psutil
 import torch
 from helpers import make_text
 
-from mingpt.char_dataset import CharDataset, DataConfig, Split, inputs_and_targets, split_dataset
+from mingpt.char_dataset import CharDataset, DataConfig, inputs_and_targets, split_dataset
 from mingpt.distributed.process_group import DistEnv
 from mingpt.tokens.data_loader import (
     DEFAULT_WORKERS,
@@ -20,6 +20,7 @@ from mingpt.tokens.data_loader import (
     usable_workers,
 )
 from mingpt.tokens.permutation import BlockOrder, Blocks
+from mingpt.tokens.windows import Split
 from mingpt.trainer import TrainerConfig
 
 DEFAULT_EVAL_BATCHES = TrainerConfig().eval_batches

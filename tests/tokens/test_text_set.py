@@ -174,7 +174,7 @@ def test_a_sets_bpe_is_trained_once_and_makes_every_file(tmp_path):
         sum(len(encode(bpe, doc)) + 1 for doc in DOCUMENTS)
     times = [p.stat().st_mtime_ns for p in made]
     text_set_of = TextSet("data_config.path", tuple(sorted(map(str, (tmp_path / "set").glob("*[tl]")))),
-                          data.tokenizer_choice)
+                          data.sources.tokenizer)
     said = []
     prepare_set(text_set_of, lambda source, path, now: said.append(now))
     assert said == [False] * 3 and [p.stat().st_mtime_ns for p in made] == times
@@ -230,7 +230,7 @@ def test_a_changed_file_is_prepared_again_alone(tmp_path, tokenizer):
     changed.write_text(make_text(900, seed=7))
     files = tuple(sorted((tmp_path / "set").glob("*.txt")))
     made = []
-    prepare_set(TextSet("data_config.path", tuple(map(str, files)), data.tokenizer_choice),
+    prepare_set(TextSet("data_config.path", tuple(map(str, files)), data.sources.tokenizer),
                 lambda source, path, now: made.append(Path(source).name) if now else None)
     assert made == ["part_001.txt"]
     assert open_corpus(data).num_chars == sum(len(encode(tokenizer, f.read_text())) for f in files)
