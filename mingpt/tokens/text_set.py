@@ -18,13 +18,16 @@ boundary between documents marked (as llm.c's FineWeb shards do), and a window t
 end crosses a document's end. Each document is encoded on its own (GPT-2's way), with no word across
 two documents. A `.txt` file is read as it is: its own line breaks, nothing added.
 
-Tokenizers: one vocabulary for the whole set. A BPE (`bpe`) is trained once, on a sample of the set's
-first SAMPLE_FILES files, and kept as a tokenizer.json beside them (bpe-<digest>.tokenizer.json, the
-digest of the settings and of those files' sizes and times: a changed sample trains again); every
-file's token file is made with it, as with a tokenizer.json given. Characters (`char`) give each text a
-vocabulary of its own: a set of several files needs `bpe` or a tokenizer.json (refused in one line
-otherwise), a set of one file is that file's characters. (A union of the files' characters would need
-every file read before any is encoded, and every file made again when a new file brings a character.)
+Tokenizers: one vocabulary for the whole set, made once before any file is encoded. A BPE (`bpe`) is
+trained on a sample of the set's first SAMPLE_FILES files, and kept as a tokenizer.json beside them
+(bpe-<digest>.tokenizer.json, the digest of the settings and of those files' sizes and times: a changed
+sample trains again); every file's token file is made with it, as with a tokenizer.json given.
+Characters (`char`): the union of every file's characters, counted by one process while the others
+wait (a pass over the whole set), and kept beside the files with each file's own characters and
+version (chars-<digest>.json, the digest of the files' names): a changed file is counted again alone,
+and only a character new to the set changes the vocabulary (and so makes every file again). Every
+file's token file holds the set's characters, and its ids are of them. A set of one file is that
+file's characters, as a text's.
 
 Preparation (prepare_set): each process of the machine goes through the files in order and takes
 every file whose lock it finds free (token_file.prepare_if_free), skipping those another process holds;
@@ -160,16 +163,13 @@ class TextSet:
 
     def tokenizer(self, make: bool) -> TokenizerChoice:
         """What makes every file's ids: the tokenizer.json given, the set's BPE (trained now when make
-        and missing), or characters for a set of one file."""
-        if self.choice.is_char:
-            if len(self.files) > 1:
-                raise DataError(f"data_config.tokenizer: {self.key} is a set of {len(self.files)} texts, and "
-                                "char would give each a vocabulary of its own; set data_config.tokenizer=bpe "
-                                "(trained once on the set) or to a tokenizer.json")
-            return self.choice
+        and missing), the set's characters (counted now when make and not current), or a set of one
+        file's own characters."""
+        if self.choice.is_char and len(self.files) > 1:
+            return TokenizerChoice(characters=set_characters(self, make))
         if self.choice.name != BPE:
             return self.choice
-        path = self.bpe_path()
+        path = self.tokenizer_path()
         if make:
             train_set_bpe(self, path)
         elif not path.exists():
@@ -177,18 +177,26 @@ class TextSet:
                             "(python mingpt/prepare_data.py <data_config.path> --tokenizer bpe)")
         return TokenizerChoice(str(path))
 
-    def bpe_path(self) -> Path:
-        """Where the set's BPE is kept: beside its first file (or in the cache folder, for a remote
-        set), named by a digest of the settings and of the sampled files' versions."""
-        sampled = self.files[:SAMPLE_FILES]
-        made_from = {"settings": self.choice.settings(), "text_field": self.text_field,
-                     "sample": [[source_name(f), token_file.fingerprint(f)] for f in sampled]}
+    def tokenizer_path(self) -> Optional[Path]:
+        """Where the set's own tokenizer is kept (None: a tokenizer.json given, or one file's characters):
+        beside its first file (or in the cache folder, for a remote set). A BPE's is named by a digest
+        of the settings and of the sampled files' versions; the characters', of the files' names."""
+        if self.choice.is_char and len(self.files) > 1:
+            made_from = {"files": [source_name(f) for f in self.files], "text_field": self.text_field,
+                         "version": CHARACTERS_VERSION}
+            name = "chars-{}.json"
+        elif self.choice.name == BPE:
+            sampled = self.files[:SAMPLE_FILES]
+            made_from = {"settings": self.choice.settings(), "text_field": self.text_field,
+                         "sample": [[source_name(f), token_file.fingerprint(f)] for f in sampled]}
+            name = "bpe-{}.tokenizer.json"
+        else:
+            return None
         digest = hashlib.sha256(json.dumps(made_from, sort_keys=True).encode()).hexdigest()[:16]
-        remote = files.is_remote(sampled[0])
-        folder = None if remote else Path(sampled[0]).parent
+        folder = None if files.is_remote(self.files[0]) else Path(self.files[0]).parent
         if folder is None or not token_file.folder_is_writable(folder):
             folder = files.cache_folder(self.cache_dir)
-        return folder / f"bpe-{digest}.tokenizer.json"
+        return folder / name.format(digest)
 
     def reader(self, source: str, tokenizer_json: Optional[str]) -> PlainText:
         """How a file of the set becomes text: as it is, or its documents, each ended by the
@@ -405,11 +413,68 @@ def sample_texts(text_set: TextSet, source: str, sample_bytes: int) -> Iterator[
     return token_file.bpe_sample(source, size, sample_bytes) if size else iter(())
 
 
+CHARACTERS_VERSION = 1
+
+
+def set_characters(text_set: TextSet, make: bool) -> str:
+    """The set's characters, sorted: the union of its files' (each file's read through its reader, so
+    a documents file's newlines count). make: counted now, by one process under the record's lock
+    while the others wait, for the files whose version the record lacks; else as recorded."""
+    path = text_set.tokenizer_path()
+    if not make:
+        recorded = read_characters(path)
+        if recorded is None:
+            raise DataError(f"{text_set.key}: the set's characters {path} are missing; prepare the data "
+                            "again (python mingpt/prepare_data.py <data_config.path>)")
+        return recorded["characters"]
+    versions = [token_file.fingerprint(source) for source in text_set.files]
+    recorded = read_characters(path)
+    if recorded is None or [entry[0] for entry in recorded["files"]] != versions:
+        with files.locked(path):
+            recorded = count_characters(text_set, path, versions)
+    return recorded["characters"]
+
+
+def count_characters(text_set: TextSet, path: Path, versions: list[dict]) -> dict:
+    """With the record's lock held: each file's characters (as recorded, for a file of the recorded
+    version; counted now otherwise), their union, written atomically when anything changed."""
+    recorded = read_characters(path)
+    before = recorded["files"] if recorded is not None else []  # of the same files, in the same order
+    entries = []
+    for index, (source, version) in enumerate(zip(text_set.files, versions)):
+        chars = before[index][1] if index < len(before) and before[index][0] == version else None
+        if chars is None:
+            counts = token_file.count_codepoints(source, text_set.reader(source, None))
+            chars = "".join(map(chr, np.flatnonzero(counts).tolist()))
+        entries.append([version, chars])
+    union = "".join(sorted(set("".join(chars for _, chars in entries))))
+    if not union:
+        raise token_file.empty_text(text_set.files[0])
+    record = {"version": CHARACTERS_VERSION, "characters": union, "files": entries}
+    if record != recorded:
+        text = json.dumps(record, ensure_ascii=False)
+        files.write_atomically(str(path), lambda out: out.write(text.encode("utf-8")))
+    return record
+
+
+def read_characters(path: Path) -> Optional[dict]:
+    """The set's record of its characters; None when missing or damaged."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(record, dict) and record.get("version") == CHARACTERS_VERSION and \
+        isinstance(record.get("characters"), str) and isinstance(record.get("files"), list) and \
+        all(isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], str)
+            for entry in record["files"])
+    return record if ok else None
+
+
 def prepare_set(text_set: TextSet, report: Optional[Report] = None) -> list[Path]:
     """Every file's token file, made by this process or another one of the machine (see the module's
     docstring), current when this returns; its paths, in the set's order."""
-    bpe_path = text_set.bpe_path() if text_set.choice.name == BPE else None
-    bpe_was_there = bpe_path is not None and bpe_path.exists()
+    own_tokenizer = text_set.tokenizer_path()  # a BPE or characters made now are rolled back too
+    was_there = own_tokenizer is not None and own_tokenizer.exists()
     tokenizer = text_set.tokenizer(make=True)
     index = text_set.index(tokenizer)
     if index.layouts() is not None:
@@ -429,7 +494,7 @@ def prepare_set(text_set: TextSet, report: Optional[Report] = None) -> list[Path
                                    lambda source, path, now: tell(report, source, path, now, made))
         index.write()
     except DataError:
-        for path in made + ([bpe_path] if bpe_path is not None and not bpe_was_there else []):
+        for path in made + ([own_tokenizer] if own_tokenizer is not None and not was_there else []):
             for leftover in (path, Path(f"{path}.lock")):
                 with contextlib.suppress(FileNotFoundError):
                     leftover.unlink()

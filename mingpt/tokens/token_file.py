@@ -304,7 +304,7 @@ def vocabulary_ok(header: dict) -> bool:
     settings, vocab_size, dtype = header.get("tokenizer"), header.get("vocab_size"), header.get("dtype")
     if not isinstance(settings, dict) or not isinstance(vocab_size, int) or not 0 < vocab_size <= MAX_VOCAB:
         return False
-    if settings == CHARACTERS:
+    if settings.get("kind") == CHAR:  # a text's own characters, or a set's (settings["characters"])
         vocab = header.get("vocab")
         tokens_ok = isinstance(vocab, list) and all(isinstance(ch, str) and len(ch) == 1 for ch in vocab) \
             and len(vocab) == vocab_size <= N_CODEPOINTS
@@ -375,8 +375,14 @@ def empty_text(source: str) -> DataError:
                      "point data_config.path at a non-empty UTF-8 text file")
 
 
-def character_plan(source: str, reader: PlainText = PLAIN) -> tuple[dict, Iterator[np.ndarray]]:
-    """Pass 1 counts the characters; the header's vocabulary fields, and pass 2, the ids."""
+def character_plan(source: str, reader: PlainText = PLAIN, characters: str = ""
+                   ) -> tuple[dict, Iterator[np.ndarray]]:
+    """Pass 1 counts the characters; the header's vocabulary fields, and pass 2, the ids. A set's
+    file (characters: the set's, counted over all its files) has no pass 1."""
+    if characters:
+        vocab, lut = vocabulary(np.bincount(codepoints(characters), minlength=N_CODEPOINTS))
+        return {"vocab": vocab, "vocab_size": len(vocab), "dtype": lut.dtype.name}, \
+            known_ids(source, lut, reader, vocab)
     counts = count_codepoints(source, reader)
     n_tokens = int(counts.sum())
     if n_tokens == 0:
@@ -384,6 +390,19 @@ def character_plan(source: str, reader: PlainText = PLAIN) -> tuple[dict, Iterat
     vocab, lut = vocabulary(counts)
     return {"vocab": vocab, "vocab_size": len(vocab), "dtype": lut.dtype.name, "n_tokens": n_tokens}, \
         id_chunks(source, lut, reader)
+
+
+def known_ids(source: str, lut: np.ndarray, reader: PlainText, vocab: list[str]) -> Iterator[np.ndarray]:
+    """Pass 2 with a vocabulary counted before: a character outside it (the file changed since) would
+    become id 0 unseen, so it is refused."""
+    known = np.zeros(N_CODEPOINTS, bool)
+    known[codepoints("".join(vocab))] = True
+    for text in reader.texts(source):
+        points = codepoints(text)
+        if not known[points].all():
+            raise DataError(f"data_config.path: {source} changed while it was being prepared; "
+                            "prepare it again once it no longer changes")
+        yield lut[points]
 
 
 def bpe_plan(source: str, choice: TokenizerChoice, size: Optional[int], reader: PlainText = PLAIN
@@ -421,7 +440,7 @@ def build(source: str, path: Path, source_fingerprint: dict, choice: TokenizerCh
     """Encode source into path in streaming passes, atomically: a temporary file in the same
     folder, fsync'ed, then renamed, so path is either absent, the old file or the whole new one."""
     if choice.is_char:
-        fields, chunks = character_plan(source, reader)
+        fields, chunks = character_plan(source, reader, choice.characters)
     else:
         fields, chunks = bpe_plan(source, choice, source_fingerprint.get("size"), reader)
     header = {"version": VERSION, "tokenizer": choice.settings(), **fields,

@@ -61,6 +61,9 @@ class TokenizerChoice:
     """BPE: at most this many tokens (the text may give fewer merges)."""
     sample_bytes: int = int(DEFAULT_SAMPLE_MB * 1e6)
     """BPE: train on this many bytes of the text."""
+    characters: str = ""
+    """CHAR for a set of texts: the set's characters, sorted, every file's ids of this one vocabulary
+    (text_set.py counts them); empty: a text's own characters."""
 
     @classmethod
     def of(cls, tokenizer: str, vocab_size: int, sample_mb: float) -> "TokenizerChoice":
@@ -79,6 +82,8 @@ class TokenizerChoice:
     def settings(self) -> dict:
         """What made the token file's tokenizer: a token file made with other settings is stale."""
         if self.is_char:
+            if self.characters:  # a digest: a set's vocabulary may be thousands of characters
+                return {"kind": CHAR, "characters": hashlib.sha256(self.characters.encode()).hexdigest()[:16]}
             return {"kind": CHAR}
         if self.file is not None:
             return {"kind": "file", "sha256": self.file.sha256}
@@ -126,8 +131,8 @@ class Vocabulary(Sequence):
     @classmethod
     def made_by(cls, choice: TokenizerChoice) -> "Vocabulary":
         """The vocabulary a tokenizer choice names by itself: a tokenizer.json's (read once, for path
-        and val_path alike: GPT-2's takes a third of a second)."""
-        return _of_json(choice.file.json)
+        and val_path alike: GPT-2's takes a third of a second) or a set's characters."""
+        return _of_json(choice.file.json) if choice.file is not None else cls(list(choice.characters))
 
     @classmethod
     def kept(cls, tokens: list[str], tokenizer: str) -> "Vocabulary":

@@ -157,6 +157,79 @@ def test_characters_of_a_set_of_one_end_documents_with_a_newline(tmp_path):
         "".join(doc + "\n" for doc in DOCUMENTS)
 
 
+def character_texts(folder: Path) -> list[str]:
+    """Three texts of different characters (lower case; upper case; accented letters and digits),
+    written last first."""
+    folder.mkdir(parents=True, exist_ok=True)
+    texts = [make_text(1500, seed=0), make_text(1500, seed=1).upper(),
+             make_text(1500, seed=2).replace("a", "ä").replace("o", "ø") + " 0123456789"]
+    for i in reversed(range(3)):
+        (folder / f"part_{i}.txt").write_text(texts[i])
+    return texts
+
+
+def test_characters_of_a_set_are_one_vocabulary_the_union_of_its_texts(tmp_path, monkeypatch):
+    """tokenizer=char (the default) on a folder of texts: one vocabulary, the sorted union of their
+    characters, counted once and kept beside them with each file's own; every file's token file of
+    it. A changed file is counted and made again alone; a character new to the set makes every file
+    again."""
+    texts = character_texts(tmp_path / "set")
+    data = DataConfig(path=str(tmp_path / "set"), block_size=16)
+    prepare_corpus(data)
+    dataset = open_corpus(data)
+    assert dataset.vocab == sorted(set("".join(texts))) and dataset.unit == "characters"
+    assert dataset.shards.describe() == "3 text shards"
+    assert dataset.decode(torch.from_numpy(all_ids(dataset))) == "".join(texts)
+    made = sorted((tmp_path / "set").glob("*.txt.tokens"))
+    assert len(made) == 3 and all(token_file.read_header(p)["vocab"] == dataset.vocab for p in made)
+    [record] = (tmp_path / "set").glob("chars-*.json")
+    assert [chars for _, chars in json.loads(record.read_text())["files"]] == \
+        ["".join(sorted(set(text))) for text in texts]
+
+    counted, said = [], []
+    count = token_file.count_codepoints
+    monkeypatch.setattr(token_file, "count_codepoints",
+                        lambda source, *args: counted.append(Path(source).name) or count(source, *args))
+    text_set = TextSet("data_config.path", tuple(map(str, sorted((tmp_path / "set").glob("*.txt")))),
+                       data.sources.tokenizer)
+    prepare_set(text_set, lambda source, path, now: said.append(now))
+    assert counted == [] and said == [False] * 3  # nothing counted or made again
+
+    (tmp_path / "set" / "part_1.txt").write_text(texts[1][::-1])  # other text, the same characters
+    prepare_set(text_set, lambda source, path, now: said.append((Path(source).name, now)) if now else None)
+    assert counted == ["part_1.txt"] and said[3:] == [("part_1.txt", True)]
+    assert open_corpus(data).vocab == dataset.vocab
+
+    (tmp_path / "set" / "part_2.txt").write_text(texts[2] + " ¿")
+    prepare_corpus(data)
+    grown = open_corpus(data)
+    assert grown.vocab == sorted(set("".join(texts) + "¿"))
+    assert grown.decode(torch.from_numpy(all_ids(grown))) == texts[0] + texts[1][::-1] + texts[2] + " ¿"
+    assert all(token_file.read_header(p)["vocab"] == grown.vocab for p in made)
+
+
+def test_a_truncated_set_of_characters_has_the_characters_of_its_share(tmp_path):
+    """data_config.truncate over a set's stream: the original's vocabulary of the text trained on,
+    here the first file and part of the second."""
+    texts = character_texts(tmp_path / "set")
+    data = DataConfig(path=str(tmp_path / "set"), block_size=16, truncate=0.5)
+    prepare_corpus(data)
+    dataset = open_corpus(data)
+    kept = "".join(texts)[:dataset.num_chars]
+    assert dataset.num_chars == len("".join(texts)) // 2 and dataset.vocab == sorted(set(kept))
+    assert "ø" not in dataset.vocab and dataset.decode(torch.from_numpy(all_ids(dataset))) == kept
+
+
+def test_a_character_outside_the_sets_is_refused_not_made_id_0(tmp_path):
+    """A file encoded with the set's counted characters that has another one (it changed after the
+    count) is refused, and no token file is left."""
+    source = tmp_path / "part_0.txt"
+    source.write_text("abba cab")
+    with pytest.raises(DataError, match=f"^data_config.path: {source} changed while it was being prepared"):
+        token_file.prepare(str(source), choice=TokenizerChoice(characters=" ab"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["part_0.txt"]
+
+
 def test_a_sets_bpe_is_trained_once_and_makes_every_file(tmp_path):
     """tokenizer=bpe: one tokenizer.json beside the set, with <|endoftext|>, made before any file;
     every file's token file made with it; a second preparation makes nothing."""
@@ -317,15 +390,17 @@ def bad_set(folder: Path, case: str, monkeypatch) -> tuple[str, dict, str]:
         (folder / "train_000000.bin").write_bytes(bytes(2048))
         expected = (f"{folder}/part_000.txt is neither an llm.c shard (no magic number) nor a .bin file of "
                     f"nanoGPT's but a text, and {folder}/train_000000.bin a shard: a set is of texts")
-    elif case == "characters for several texts":
+    elif case == "a text not UTF-8 under characters":  # met counting the set's characters, before any file
         overrides["tokenizer"] = "char"
-        expected = "data_config.path is a set of 2 texts, and char would give each a vocabulary of its own"
+        bad = folder / "z.txt"
+        bad.write_bytes(b"good text, then \xff bad")
+        expected = f"{bad} is not UTF-8 text (invalid start byte at byte 16)"
     return str(folder), overrides, expected
 
 
 BAD_INPUTS = ("empty folder", "glob matching nothing", "a line not JSON", "a line without the field",
               "a parquet file without the column", "parquet without pyarrow", "a text not UTF-8",
-              "texts and shards", "characters for several texts")
+              "texts and shards", "a text not UTF-8 under characters")
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
@@ -334,8 +409,7 @@ def test_bad_sets_are_one_line_and_leave_nothing_written(tmp_path, tokenizer, mo
     files made before the bad one was met are removed: the folder is left as it was."""
     path, overrides, expected = bad_set(tmp_path / "set", case, monkeypatch)
     message = refused_leaving_nothing(tmp_path, config(path, tokenizer, **overrides))
-    key = "data_config.tokenizer" if case == "characters for several texts" else "data_config.path"
-    assert message.startswith(f"{key}: {expected}"), message
+    assert message.startswith(f"data_config.path: {expected}"), message
 
 
 def test_the_rollback_spares_files_made_before_this_call(tmp_path, tokenizer):
@@ -351,6 +425,30 @@ def test_the_rollback_spares_files_made_before_this_call(tmp_path, tokenizer):
 
 
 # ------------------------------------------------------------------------------------------ a run
+
+@pytest.mark.slow
+def test_a_run_on_a_folder_of_texts_of_characters_speaks_every_texts_characters(tmp_path, capsys,
+                                                                               one_torch_thread):
+    """main.py on a folder of three texts with the default tokenizer (characters): a few steps; the
+    snapshot's vocabulary is every text's characters, and generate.py takes a prompt of characters
+    from two of them and decodes what the model writes."""
+    from mingpt import generate
+    from mingpt.storage.snapshot import read_snapshot
+
+    texts = character_texts(tmp_path / "train")
+    snapshot = tmp_path / "snap.pt"
+    result = run_main_in_process(tiny_overrides(tmp_path / "train", snapshot, trainer_config__max_steps=4),
+                                 capsys)
+    assert_ok(result)
+    vocab = sorted(set("".join(texts)))
+    assert re.search(rf"Data: 3 text shards, [\d,]+ characters of a vocabulary of {len(vocab)}\n",
+                     result.stdout), result.stdout
+    assert read_snapshot(str(snapshot)).vocab == vocab
+    prompt = "THE KING ø"  # the second text's letters, the third's
+    written = generate.generate(generate.parse_args(["--snapshot", str(snapshot), "--prompt", prompt,
+                                                     "--length", "30", "--device", "cpu"]))
+    assert written.startswith(prompt) and len(written) == len(prompt) + 30 and set(written) <= set(vocab)
+
 
 @pytest.mark.slow
 def test_a_run_on_a_folder_of_texts_with_its_own_validation(tmp_path, tokenizer, capsys, one_torch_thread):
