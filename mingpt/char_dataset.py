@@ -231,6 +231,17 @@ def open_corpus(config: DataConfig, validation: bool = False) -> CharDataset:
     return dataset
 
 
+def describe_data(config: DataConfig, dataset: CharDataset, train_set: Split, test_set: Split) -> str:
+    """What a run trains and tests on: "Data: input.txt, 55,769 characters, vocabulary of 65; ..."."""
+    def described(path: str, data: CharDataset) -> str:
+        return f"{path}, {data.kept}" + (f" in {data.shards.describe()}" if data.shards is not None else "")
+
+    validation = f"; validation {described(config.val_path, test_set.dataset)}" if config.val_path else ""
+    split = "data_config.val_path" if config.val_path else f"{config.split} split"
+    return (f"Data: {described(config.path, dataset)}, vocabulary of {dataset.vocab_size}{validation}; "
+            f"{len(train_set):,} train and {len(test_set):,} test samples ({split})")
+
+
 def corpora(config: DataConfig) -> list[tuple[str, str]]:
     """(key, path) of path, and of val_path if set."""
     return [(PATH_KEY, config.path)] + ([(VAL_PATH_KEY, config.val_path)] if config.val_path else [])

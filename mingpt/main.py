@@ -23,11 +23,11 @@ from mingpt.char_dataset import (
     DEFAULT_CORPUS,
     CharDataset,
     DataConfig,
+    describe_data,
     open_corpus,
     prepare_corpus,
     split_dataset,
 )
-from mingpt.common import files
 from mingpt.common.errors import command, say_line
 from mingpt.common.logger import configure_logging, log, warn_once
 from mingpt.distributed.control import INTERRUPT_EXIT_STATUS, RunStopped, record_clean_stop
@@ -42,15 +42,8 @@ from mingpt.distributed.process_group import (
     said_elsewhere,
 )
 from mingpt.model import GPT
-from mingpt.run_config import (
-    HELP_FLAGS,
-    TrainConfig,
-    check_overrides,
-    config_reference,
-    hydra_refusals_said_once,
-    load_config,
-)
-from mingpt.storage.gpt2_folder import GPT2Folder, open_folder
+from mingpt.run_config import TrainConfig, load_config, run_command_line
+from mingpt.storage.gpt2_folder import open_folder
 from mingpt.storage.snapshot import snapshot_folder
 from mingpt.trainer import Trainer
 
@@ -59,17 +52,10 @@ from mingpt.trainer import Trainer
 def ddp_setup(config: TrainConfig) -> Iterator[DistEnv]:
     """The original's ddp_setup: join the process group, one device per rank (torch.accelerator's,
     or the CPU with gloo); here also rank 0's logger, NCCL's flight recorder and a clean exit."""
-    record_nccl_collectives(trace_folder(config.trainer_config.snapshot_path))
+    record_nccl_collectives(snapshot_folder(config.trainer_config.snapshot_path))
     with distributed_session(config.trainer_config.process_group_timeout_s) as env:
         configure_logging(env.rank)
         yield env
-
-
-def trace_folder(snapshot_path: str) -> Path:
-    """Where NCCL's flight recorder dumps: beside the snapshots, or in the cache folder when they are
-    not on this machine (NCCL writes local files)."""
-    folder = snapshot_folder(snapshot_path)
-    return files.cache_folder(None) / "nccl_traces" if files.is_remote(folder) else Path(folder)
 
 
 def get_train_objs(config: TrainConfig, env: DistEnv) -> tuple[GPT, CharDataset, CharDataset, CharDataset]:
@@ -77,7 +63,7 @@ def get_train_objs(config: TrainConfig, env: DistEnv) -> tuple[GPT, CharDataset,
     folder: gpt_config.init_from). The optimizer is the Trainer's, built once the model is wrapped
     (the FSDP fork built it before, and FSDP then trained nothing)."""
     folder = open_folder(config.gpt_config.init_from) if config.gpt_config.init_from else None
-    data_config = tokenized_by(folder, config.data_config)
+    data_config = folder.tokenizing(config.data_config) if folder else config.data_config
     dataset, validation = load_dataset(data_config, env)
     train_set, test_set = split_dataset(dataset, data_config, config.trainer_config.seed, validation)
     gpt_config = folder.model_config(config.gpt_config) if folder else config.gpt_config
@@ -117,33 +103,11 @@ def train(config: TrainConfig, env: DistEnv) -> None:
     model, dataset, train_set, test_set = get_train_objs(config, env)
     trainer = Trainer(config.trainer_config, model, config.optimizer_config, train_set, test_set,
                       dataset.vocabulary, env)
-    summary = trainer.summary(data_line(config.data_config, dataset, train_set, test_set))
+    summary = trainer.summary(describe_data(config.data_config, dataset, train_set, test_set))
     for line in summary:
         log.info(line)
     trainer.track(config.tracker_config, asdict(config), summary)
     trainer.train()
-
-
-def tokenized_by(folder: Optional[GPT2Folder], data_config: DataConfig) -> DataConfig:
-    """The data config, with a model folder's tokenizer when training starts from one."""
-    if folder is None:
-        return data_config
-    folder.check_data(data_config.tokenizer, data_config.block_size)
-    return replace(data_config, tokenizer=folder.tokenizer_path)
-
-
-def data_line(config: DataConfig, dataset: CharDataset, train_set, test_set) -> str:
-    """What the run trains and tests on: "Data: input.txt, 55,769 characters, vocabulary of 65; ..."."""
-    validation = f"; validation {described(config.val_path, test_set.dataset)}" if config.val_path else ""
-    split = "data_config.val_path" if config.val_path else f"{config.split} split"
-    return (f"Data: {described(config.path, dataset)}, vocabulary of {dataset.vocab_size}{validation}; "
-            f"{len(train_set):,} train and {len(test_set):,} test samples ({split})")
-
-
-def described(path: str, dataset: CharDataset) -> str:
-    """A data path and what of it is read: "input.txt, 55,769 characters", or its shards."""
-    shards = f" in {dataset.shards.describe()}" if dataset.shards is not None else ""
-    return f"{path}, {dataset.kept}{shards}"
 
 
 @hydra.main(version_base=None, config_path=".", config_name="gpt2_train_cfg")
@@ -181,16 +145,5 @@ def run(cfg: DictConfig) -> int:
     return 0
 
 
-@command
-def refuse_misspelt_keys() -> None:
-    check_overrides(arg for arg in sys.argv[1:] if not arg.startswith("-"))
-
-
 if __name__ == "__main__":
-    asked = [HELP_FLAGS[arg] for arg in sys.argv[1:] if arg in HELP_FLAGS]
-    if asked:
-        print(config_reference(markdown=asked[0]))
-    else:
-        with hydra_refusals_said_once():
-            refuse_misspelt_keys()
-            main()
+    run_command_line(main)

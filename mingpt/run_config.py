@@ -16,7 +16,7 @@ import sys
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mingpt.char_dataset import REPO_ROOT, DataConfig
-from mingpt.common.errors import MinGPTError, check
+from mingpt.common.errors import MinGPTError, check, command
 from mingpt.common.field_docs import field_docs
 from mingpt.distributed.process_group import launched_by_torchrun, said_by_local_rank_zero
 from mingpt.model import GPTConfig, OptimizerConfig
@@ -214,3 +214,20 @@ def hydra_refusals_said_once() -> Iterator[None]:
         raise
     finally:
         sys.stderr = sys.__stderr__
+
+
+def run_command_line(main: Callable[[], None]) -> None:
+    """main.py's command line: this project's help pages (--help, --help=md), else a misspelt key
+    refused in one line, then Hydra's main, each said once under a launcher."""
+    asked = [HELP_FLAGS[arg] for arg in sys.argv[1:] if arg in HELP_FLAGS]
+    if asked:
+        command(lambda: print(config_reference(markdown=asked[0])))()  # `| head` ends it quietly
+        return
+    with hydra_refusals_said_once():
+        refuse_misspelt_keys()
+        main()
+
+
+@command
+def refuse_misspelt_keys() -> None:
+    check_overrides(arg for arg in sys.argv[1:] if not arg.startswith("-"))

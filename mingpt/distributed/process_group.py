@@ -20,6 +20,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
+from mingpt.common import files
 from mingpt.common.errors import MinGPTError, say_error, short_reason
 
 DEFAULT_TIMEOUT_S = 1800.0
@@ -77,17 +78,23 @@ one times out or fails (torch reads these when it makes an NCCL group)."""
 FLIGHT_RECORDER_PREFIX = "nccl_trace_rank_"
 
 
-def record_nccl_collectives(folder: Path) -> None:
-    """On a machine with GPUs, turn NCCL's flight recorder on, dumping into folder/nccl_trace_rank_<N>
-    (a user's own settings of these variables win). Read the dumps with torch's analyzer:
-    `python -m torch.distributed.flight_recorder.fr_trace FOLDER --prefix nccl_trace_rank_`. Gloo
-    runs are left as they are."""
+def record_nccl_collectives(snapshot_folder: str) -> None:
+    """On a machine with GPUs, turn NCCL's flight recorder on, dumping beside the snapshots into
+    nccl_trace_rank_<N> (trace_folder; a user's own settings of these variables win). Read the dumps
+    with torch's analyzer: `python -m torch.distributed.flight_recorder.fr_trace FOLDER --prefix
+    nccl_trace_rank_`. Gloo runs are left as they are."""
     if not torch.cuda.is_available():
         return
     for key, value in FLIGHT_RECORDER.items():
         os.environ.setdefault(key, value)
     for key in ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE"):  # torch's older and newer name
-        os.environ.setdefault(key, str(folder / FLIGHT_RECORDER_PREFIX))
+        os.environ.setdefault(key, str(trace_folder(snapshot_folder) / FLIGHT_RECORDER_PREFIX))
+
+
+def trace_folder(snapshot_folder: str) -> Path:
+    """Where NCCL's flight recorder dumps: beside the snapshots, or in the cache folder when they are
+    not on this machine (NCCL writes local files)."""
+    return files.cache_folder(None) / "nccl_traces" if files.is_remote(snapshot_folder) else Path(snapshot_folder)
 
 
 def launched_by_torchrun() -> bool:

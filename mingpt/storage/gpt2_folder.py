@@ -18,6 +18,7 @@ them), from the memory-mapped safetensors files (get_slice).
 """
 import json
 from dataclasses import dataclass, replace
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -103,6 +104,11 @@ class GPT2Folder:
               "gpt_config.activation (the folder gives it)")
         return replace(config, **self.sizes, activation=self.activation)
 
+    def tokenizing(self, data_config: Any) -> Any:
+        """The data config (char_dataset.DataConfig), its text tokenized with the folder's tokenizer."""
+        self.check_data(data_config.tokenizer, data_config.block_size)
+        return replace(data_config, tokenizer=self.tokenizer_path)
+
     def check_data(self, tokenizer: str, block_size: int) -> None:
         """The data is tokenized with the folder's tokenizer, in at most n_positions tokens."""
         check(tokenizer in (CHAR, self.tokenizer_path), "data_config.tokenizer",
@@ -177,7 +183,7 @@ def read_config(path: Path) -> dict:
 
 
 def read_tokenizer(path: Path) -> Tokenizer:
-    """The folder's tokenizer.json, a byte-level BPE: the data is tokenized with it (main.tokenized_by)."""
+    """The folder's tokenizer.json, a byte-level BPE: the data is tokenized with it (GPT2Folder.tokenizing)."""
     if not (path / TOKENIZER).exists():
         raise refused(path, "has no tokenizer.json (a partial download?)",
                       "save the model's tokenizer with it (tokenizer.save_pretrained(folder))")

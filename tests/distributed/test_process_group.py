@@ -114,20 +114,17 @@ FLIGHT_RECORDER_KEYS = ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIME
 def test_nccls_flight_recorder_is_on_with_gpus_dumping_beside_the_snapshots(tmp_path, monkeypatch):
     """Set before the NCCL group is made (main.train); a user's own value wins; without GPUs (gloo)
     nothing is set. (A dump on a real collective timeout: checked on a lent GPU.)"""
-    from mingpt.main import trace_folder
-
     for key in FLIGHT_RECORDER_KEYS:
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    process_group.record_nccl_collectives(tmp_path)
+    process_group.record_nccl_collectives(str(tmp_path))
     assert not any(key in os.environ for key in FLIGHT_RECORDER_KEYS)
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "50")
-    folder = trace_folder(str(tmp_path / "run" / "gpt_snapshot.pt"))
-    assert folder == tmp_path / "run"
-    process_group.record_nccl_collectives(folder)
+    assert process_group.trace_folder(str(tmp_path / "run")) == tmp_path / "run"
+    process_group.record_nccl_collectives(str(tmp_path / "run"))
     assert os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50"
     assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / "run" / "nccl_trace_rank_")
-    assert trace_folder("s3://bucket/run/").name == "nccl_traces"  # NCCL writes local files
+    assert process_group.trace_folder("s3://bucket/run").name == "nccl_traces"  # NCCL writes local files
