@@ -22,12 +22,10 @@ from typing import Optional
 
 import torch
 
-from mingpt.common.errors import MinGPTError, OneLineArgumentParser, SnapshotError, command, short_reason
-from mingpt.model import GPT, GPTConfig
-from mingpt.storage.snapshot import Snapshot, snapshot_at
+from mingpt.common.errors import MinGPTError, OneLineArgumentParser, command
+from mingpt.storage.saved_model import build_model, find_snapshot
 from mingpt.tokens.tokenizer import UnknownCharacters, Vocabulary
 
-SNAPSHOT_OPTION = "--snapshot"
 # The longest vocabulary an error message lists in full; larger ones are only counted.
 VOCAB_SHOWN_MAX = 120
 
@@ -71,40 +69,6 @@ def check_args(args: argparse.Namespace) -> None:
         raise MinGPTError(f"--seed: must fit in 64 bits, got {args.seed}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise MinGPTError("--device cuda: no CUDA device is available here; use --device cpu")
-
-
-def find_snapshot(path: str) -> tuple[Snapshot, str]:
-    """The snapshot at path (snapshot.snapshot_at: a file, a run's folder, a sharded snapshot) and where
-    it is."""
-    try:
-        snapshot, found = snapshot_at(path, key=SNAPSHOT_OPTION)
-    except MinGPTError:
-        raise
-    except Exception as e:  # an unknown URL protocol, a missing fsspec backend, no credentials
-        raise SnapshotError(f"snapshot {path} cannot be reached ({short_reason(e)}); check --snapshot "
-                            "and its credentials") from None
-    if snapshot is None:
-        raise SnapshotError(f"no snapshot at {path} (a snapshot file, a run's snapshot folder, or a "
-                            "sharded_<step> folder); train one first (python mingpt/main.py) or pass "
-                            "--snapshot PATH")
-    return snapshot, found
-
-
-def build_model(snapshot: Snapshot, path: str, device: torch.device) -> GPT:
-    """The GPT the snapshot was trained as, with its weights, in eval mode on device. Built on the
-    meta device and given the snapshot's tensors themselves (assign): no initial weights are drawn
-    only to be overwritten, and the model is in memory once."""
-    try:
-        with torch.device("meta"):
-            model = GPT(GPTConfig(**snapshot.model_config))
-        model.load_state_dict(snapshot.model_state, assign=True)
-    except (TypeError, ValueError, RuntimeError) as e:  # a snapshot of another code version, or damaged
-        raise SnapshotError(f"snapshot {path} does not rebuild a model ({short_reason(e)}); "
-                            "was it written by another version of minGPT-DDP?") from None
-    if len(snapshot.vocab) != model.config.vocab_size:
-        raise SnapshotError(f"snapshot {path} has {len(snapshot.vocab)} vocabulary tokens for a model "
-                            f"of vocab_size {model.config.vocab_size}; it is damaged")
-    return model.to(device).eval()
 
 
 def describe_vocab(vocab: list[str]) -> str:

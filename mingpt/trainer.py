@@ -28,6 +28,7 @@ from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, all_red
 from mingpt.distributed.guard import RunGuard
 from mingpt.model import OptimizerConfig, create_optimizer, learning_rate_at, set_learning_rate
 from mingpt.planning.memory import Placement, check_memory, plan_memory
+from mingpt.reporting import hellaswag_eval
 from mingpt.reporting.metrics import default_metrics_path
 from mingpt.reporting.run_report import ReportSettings, RunReport
 from mingpt.reporting.trackers import TrackerConfig
@@ -108,6 +109,15 @@ class TrainerConfig:
     (the random split). 100: the default run's 26 test batches are all evaluated, while an evaluation
     of FineWeb's 100M-token val_path costs about what 33 training steps do (a forward pass is a third
     of a step), not hours. 0: all of it, however large."""
+    hellaswag_path: Optional[str] = None
+    """HellaSwag's validation file, which you download (hellaswag_val.jsonl: docs/observability.md);
+    a local path or fsspec URL. Its accuracy (acc_norm, scored as llm.c scores it) is measured after
+    the snapshot decision of every hellaswag_every_steps-th step and of the run's last step, the
+    items shared out over the ranks, and logged and recorded like the eval loss. null: off."""
+    hellaswag_every_steps: int = 0
+    """Score HellaSwag every this many optimizer steps (0: at the run's last step only)."""
+    hellaswag_items: int = 0
+    """Score only the file's first this many items (0: all of them, 10,042 in HellaSwag's)."""
     metrics_path: Optional[str] = None
     """JSON-lines metrics file (any fsspec path); default: beside the snapshot. Run trackers
     (TensorBoard, W&B, MLflow) get the same values: tracker_config."""
@@ -134,7 +144,10 @@ class TrainerConfig:
                        "grad_norm_clip", "log_every", "keep_last", "progress_interval_s",
                        "hang_timeout_s", "process_group_timeout_s", "loss_spike_steps")
         check_not_negative(self, "trainer_config", "save_every_steps", "save_every_minutes", "max_steps",
-                           "eval_every_steps", "eval_batches", "loss_spike_ratio")
+                           "eval_every_steps", "eval_batches", "loss_spike_ratio", "hellaswag_every_steps",
+                           "hellaswag_items")
+        check(self.hellaswag_path is None or bool(self.hellaswag_path), "trainer_config.hellaswag_path",
+              "must not be empty; give HellaSwag's hellaswag_val.jsonl or null")
         check(self.loss_spike_ratio == 0 or self.loss_spike_ratio > 1, "trainer_config.loss_spike_ratio",
               f"must be more than 1 (or 0: off), got {self.loss_spike_ratio}")
         if self.data_loader_workers is not None:
@@ -185,6 +198,8 @@ class Trainer:
         self.block_size = model.config.block_size
         self.test_samples = len(test_dataset) if test_dataset is not None else 0
         config.check_step_fits(len(train_dataset), env.world_size)
+        self.hellaswag = hellaswag_eval.for_run(config.hellaswag_path, vocab, self.block_size,
+                                                config.hellaswag_items)
         self._place(model)
         self.train_loader = self._prepare_dataloader(train_dataset, train=True)
         self.test_loader = self._prepare_dataloader(test_dataset, train=False) if test_dataset else None
@@ -313,6 +328,7 @@ class Trainer:
         self._snapshot_if_due(run_ended=True)
         if self.test_loader is not None and self.report.evaluated_at != self.progress.step:
             self.evaluate(self.progress.epoch)
+        self.score_hellaswag(self.progress.epoch, run_ended=True)
         self.checkpointer.finish()
 
     def _nothing_left(self) -> str:
@@ -376,7 +392,7 @@ class Trainer:
 
     def _after_step(self, epoch: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
         """What every rank agreed on (a diverged run, a failed save, a snapshot due, a clean stop),
-        then step-cadence evaluation."""
+        then step-cadence evaluation and HellaSwag."""
         decision = self.guard.step_taken(self.progress.step, loss, grad_norm, self.checkpointer.failed())
         if decision.diverged_since:
             self._stop_diverged(decision.diverged_since)
@@ -390,6 +406,7 @@ class Trainer:
         if self.config.eval_every_steps and step % self.config.eval_every_steps == 0 and self.test_loader:
             self.evaluate(epoch)
             self.report.pause()
+        self.score_hellaswag(epoch)
 
     def _stop(self, decision: control.Decision) -> None:
         """The stop's snapshot is taken; once it is written, every rank raises RunStopped."""
@@ -484,6 +501,23 @@ class Trainer:
         self.report.evaluation(epoch, self.progress, mean_loss, int(count), self.env.world_size)
         self.model.train()
         return mean_loss.item()
+
+    @torch.no_grad()
+    def score_hellaswag(self, epoch: int, run_ended: bool = False) -> None:
+        """HellaSwag's accuracy of this step's weights, when due (every hellaswag_every_steps steps, and
+        at the run's last step), each rank scoring its share of the items (reporting/hellaswag_eval.py)."""
+        step, every = self.progress.step, self.config.hellaswag_every_steps
+        due = self.report.hellaswag_at != step if run_ended else every and step % every == 0
+        if self.hellaswag is None or not due:
+            return
+        self.model.eval()
+        env, at = self.env, lambda batch: self.guard.at("evaluation", step, batch)
+        with self.autocast():
+            score = self.hellaswag.score(lambda ids: self.model(ids)[0], env.device, env.rank,
+                                         env.world_size, at)
+        self.report.hellaswag(epoch, self.progress, score, self.env.world_size)
+        self.model.train()
+        self.report.pause()
 
     def _snapshot_if_due(self, decision: control.Decision = control.Decision(), **occasion: bool) -> None:
         when = self.checkpointer.due(self.progress, decision, **occasion)

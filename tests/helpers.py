@@ -2,6 +2,7 @@
 import contextlib
 import hashlib
 import http.server
+import json
 import os
 import random
 import re
@@ -365,3 +366,29 @@ def check_two_rank_run(result, snapshot) -> None:
     assert {rank for rank, *_ in losses(result.stdout)} == {0}, "a line meant for rank 0 came from another"
     assert "(mean over" in result.stdout and "on 2 ranks)" in result.stdout
     assert snapshot.exists()
+
+
+def hellaswag_items(count: int, seed: int = 0) -> list[dict]:
+    """Items in HellaSwag's format (ctx, 4 endings, label) in make_text's words, many longer than the
+    tiny model's block of 16 characters (cut to it). In every other item the wrong endings are words
+    spelt backwards (a model trained on make_text's text prefers the right one); in the others all
+    four are words."""
+    rng = random.Random(seed)
+    items = []
+    for index in range(count):
+        ctx = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 2)))
+        endings = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 2))) for _ in range(4)]
+        label = rng.randrange(4)
+        if index % 2 == 0:
+            endings = [ending if i == label else ending[::-1] for i, ending in enumerate(endings)]
+        items.append({"ctx": ctx, "endings": endings, "label": label})
+    return items
+
+
+def write_hellaswag(path: Path, items: list[dict]) -> Path:
+    """A file as HellaSwag's hellaswag_val.jsonl is: one JSON object a line, with some of its other keys."""
+    lines = [json.dumps({"ind": index, "activity_label": "Tests", "ctx_a": item["ctx"], "ctx_b": "", **item,
+                         "split": "val", "split_type": "indomain", "source_id": f"test~{index}"})
+             for index, item in enumerate(items)]
+    path.write_text("\n".join(lines) + "\n")
+    return path

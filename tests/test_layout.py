@@ -90,7 +90,7 @@ LAYERS = ("common", "model", "distributed", "tokens", "storage", "reporting", "p
 """mingpt's packages (and model.py) from the ground up, as docs/ARCHITECTURE.md draws them. The
 original's files and the commands at the top of mingpt/ stand on all of them."""
 
-COMMANDS = ("convert_snapshot", "export_hf", "generate", "launch", "main", "model_size", "plan",
+COMMANDS = ("convert_snapshot", "export_hf", "generate", "hellaswag", "launch", "main", "model_size", "plan",
             "plot_metrics", "prepare_data")
 """The scripts a user runs (the README's table of commands): each stands alone at the top, imported by
 no other module of mingpt. The original's trainer.py, model.py and char_dataset.py are not commands."""

@@ -1,8 +1,9 @@
 """Training metrics as JSON lines, kept by global rank 0 beside the snapshot (any fsspec path).
 
 One line per training step (epoch, iter, step, tokens, loss, lr, tokens_per_s: the throughput of
-the latest progress window, mfu, grad_norm) and one per eval pass; run trackers (trackers.py) get the
-same lines as they are flushed. Step losses and norms stay on the device until flush(), which the
+the latest progress window, mfu, grad_norm), one per eval pass, and one per HellaSwag scoring
+("kind": "hellaswag": accuracy, correct, items; reporting/hellaswag_eval.py); run trackers (trackers.py)
+get the same lines as they are flushed. Step losses and norms stay on the device until flush(), which the
 trainer calls at log time: recording a step costs no host-device synchronisation.
 
 An object store cannot append: a file there would be rewritten whole at every flush, each upload

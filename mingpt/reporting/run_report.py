@@ -18,6 +18,7 @@ from mingpt.common.logger import clear_status, log
 from mingpt.distributed.process_group import DistEnv
 from mingpt.distributed.stragglers import StepTimes, StragglerWatch
 from mingpt.reporting.flops import peak_flops
+from mingpt.reporting.hellaswag_eval import Score
 from mingpt.reporting.metrics import MetricsLog, open_run_metrics
 from mingpt.reporting.monitor import TrainingMonitor, format_eta
 from mingpt.reporting.trackers import FAILED, FINISHED, STOPPED, TrackerConfig, open_trackers
@@ -69,6 +70,8 @@ class RunReport:
         self.eval_loss: Optional[float] = None
         self.evaluated_at: Optional[int] = None
         """The step of the last evaluation."""
+        self.hellaswag_at: Optional[int] = None
+        """The step HellaSwag was last scored at."""
 
     @classmethod
     def open(cls, settings: ReportSettings, env: DistEnv, matmul_dtype: str, flops_per_token: int,
@@ -131,6 +134,16 @@ class RunReport:
         self.eval_loss, self.evaluated_at = mean_loss.item(), progress.step
         log.info(f"[RANK{self.rank}] Epoch {epoch} | Step {progress.step} | Eval Loss {self.eval_loss:.5f} "
                  f"(mean over {samples} samples on {world_size} ranks)")
+
+    def hellaswag(self, epoch: int, progress: Progress, score: Score, world_size: int) -> None:
+        """HellaSwag's accuracy into the metrics (a "hellaswag" line: trackers get hellaswag/accuracy)
+        and one line like the eval loss's."""
+        self.metrics.record("hellaswag", epoch=epoch, step=progress.step, tokens=progress.tokens,
+                            accuracy=score.accuracy, correct=score.correct, items=score.items)
+        self.metrics.flush()
+        self.hellaswag_at = progress.step
+        log.info(f"[RANK{self.rank}] Epoch {epoch} | Step {progress.step} | HellaSwag {score.accuracy:.4f} "
+                 f"({score.correct} of {score.items} items right, acc_norm, on {world_size} ranks)")
 
     def pause(self) -> None:
         """Something that is not training ran (an eval, a snapshot): measure throughput afresh."""

@@ -3,10 +3,10 @@ flushed (metrics.py), beside the file, which stays the run's record.
 
 One tracked run per training run. Global rank 0 alone opens the trackers, once the process group is
 up (every other rank has none), and sends them the same values the file holds: train loss, learning
-rate, tokens/s, MFU and gradient norm per step, eval loss, and at the start the whole config and the
-run's summary lines. Their run ids travel in the snapshots (Progress.tracked_runs), so a resumed,
-requeued or elastic-restarted run continues the same tracked runs. A run stopped before its first
-snapshot starts again from step 0, as a new tracked run.
+rate, tokens/s, MFU and gradient norm per step, eval loss, HellaSwag's accuracy, and at the start the
+whole config and the run's summary lines. Their run ids travel in the snapshots
+(Progress.tracked_runs), so a resumed, requeued or elastic-restarted run continues the same tracked
+runs. A run stopped before its first snapshot starts again from step 0, as a new tracked run.
 
 A tracker's history only moves forward: each step reaches a tracker once. A run killed between
 snapshots has sent its trackers steps past its newest snapshot; resumed, it sends only the steps after
@@ -35,8 +35,9 @@ from mingpt.common.errors import check, check_choice, short_reason
 from mingpt.common.logger import log
 
 WANDB_MODES = ("offline", "online")
-TRACKED_VALUES = ("loss", "lr", "tokens_per_s", "mfu", "grad_norm")
-"""The fields of a metrics line a tracker gets, as `<kind>/<field>` (train/loss, eval/loss, ...)."""
+TRACKED_VALUES = ("loss", "lr", "tokens_per_s", "mfu", "grad_norm", "accuracy")
+"""The fields of a metrics line a tracker gets, as `<kind>/<field>` (train/loss, eval/loss,
+hellaswag/accuracy, ...)."""
 FINISHED, STOPPED, FAILED = "finished", "stopped", "failed"
 
 
