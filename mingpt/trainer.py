@@ -25,11 +25,12 @@ from mingpt.distributed import control, parallel
 from mingpt.distributed.activation_checkpointing import CHECKPOINTING_MODES, checkpoint_blocks
 from mingpt.distributed.precision import AMP_DTYPES, resolve_precision
 from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, all_reduce_sum, first_said
+from mingpt.distributed.fault_tolerance import ReplicaSettings, Replicas, plain
 from mingpt.distributed.guard import RunGuard
 from mingpt.model import OptimizerConfig, create_optimizer, learning_rate_at, set_learning_rate
 from mingpt.planning.memory import Placement, check_memory, plan_memory
 from mingpt.reporting import hellaswag_eval
-from mingpt.reporting.metrics import default_metrics_path
+from mingpt.reporting.metrics import default_metrics_path, replica_group_metrics_path
 from mingpt.reporting.run_report import ReportSettings, RunReport
 from mingpt.reporting.trackers import TrackerConfig
 from mingpt.storage.checkpointer import LOWER_LEARNING_RATE, SNAPSHOT_FORMATS, Checkpointer, SnapshotPolicy
@@ -138,6 +139,27 @@ class TrainerConfig:
     process_group_timeout_s: float = DEFAULT_TIMEOUT_S
     """How long a collective waits for the slowest rank before failing the run; it must cover rank
     0 writing a single-file snapshot alone (to S3, minutes for a large model) while the rest wait."""
+    fault_tolerant: bool = False
+    """Keep training through a lost replica group (torchft; docs/distributed.md#fault-tolerance): each
+    torchrun is one replica group (ddp among its ranks), the groups meet at torchft's lighthouse at
+    every step, survivors go on without a lost group, and a group that comes back heals from a live
+    one. Needs torchft (the ft extra); python launch.py --replica-groups N starts it all."""
+    ft_lighthouse: str = ""
+    """fault_tolerant: the lighthouse's address, http://host:29510 (empty: $TORCHFT_LIGHTHOUSE)."""
+    ft_replica_group: int = 0
+    """fault_tolerant: this replica group's number, 0 to ft_replica_groups - 1."""
+    ft_replica_groups: int = 1
+    """fault_tolerant: replica groups in the run; each epoch's sample order is dealt to all of them,
+    and a missing group's share is skipped (counted in the metrics), not given to the others."""
+    ft_min_replica_groups: int = 1
+    """fault_tolerant: train only while at least this many groups are live (the others wait)."""
+    ft_timeout_s: float = 30.0
+    """fault_tolerant: how long a collective across groups waits for a silent group before its step
+    is dropped (a killed group is noticed at once, a dead one within the lighthouse's heartbeat
+    timeout); it must cover a joining group's healing, which the others wait for."""
+    ft_quorum_timeout_s: float = 300.0
+    """fault_tolerant: how long a group waits at a step boundary for the quorum: the others' snapshot
+    or evaluation, enough groups, the lighthouse (a lost lighthouse is said after it)."""
 
     def __post_init__(self) -> None:
         check_positive(self, "trainer_config", "max_epochs", "batch_size", "grad_accum_steps", "save_every",
@@ -160,6 +182,7 @@ class TrainerConfig:
               "trainer_config.snapshot_path", "sharded snapshots need a folder, not a .pt file")
         parallel.check_sharding_options(self.distributed_method, self.cpu_offload, self.reshard_after_forward)
         control.check_signal_names(self.stop_signals, "trainer_config.stop_signals")
+        self.replica_settings()  # checks the fault-tolerance keys
 
     def check_step_fits(self, train_samples: int, world_size: int) -> None:
         """A step must fit in the training split: a larger one would make every step the whole
@@ -179,16 +202,25 @@ class TrainerConfig:
                          self.snapshot_format if self.async_snapshots else None, optimizer)
 
     def report_settings(self) -> ReportSettings:
-        return ReportSettings(self.metrics_path or default_metrics_path(self.snapshot_path),
+        path = self.metrics_path or default_metrics_path(self.snapshot_path)
+        if self.fault_tolerant and self.ft_replica_group:
+            path = replica_group_metrics_path(path, self.ft_replica_group)  # each group keeps its own
+        return ReportSettings(path,
                               metrics_folder_of_its_own=self.metrics_path is not None,
                               log_every=self.log_every, progress_interval_s=self.progress_interval_s,
                               max_epochs=None if self.max_steps else self.max_epochs)
+
+    def replica_settings(self) -> ReplicaSettings:
+        return ReplicaSettings(self.fault_tolerant, self.ft_lighthouse, self.ft_replica_group, self.ft_replica_groups,
+                               self.ft_min_replica_groups, self.ft_timeout_s, self.ft_quorum_timeout_s,
+                               self.distributed_method)
 
     def snapshot_policy(self) -> SnapshotPolicy:
         return SnapshotPolicy(path=self.snapshot_path, snapshot_format=self.snapshot_format,
                               keep_last=self.keep_last, async_snapshots=self.async_snapshots,
                               every_epochs=self.save_every, every_steps=self.save_every_steps,
-                              every_minutes=self.save_every_minutes)
+                              every_minutes=self.save_every_minutes,
+                              leased=not (self.fault_tolerant and self.ft_replica_group))
 
 
 class Trainer:
@@ -197,7 +229,11 @@ class Trainer:
         self.config, self.optimizer_config, self.env, self.vocab = config, optimizer_config, env, vocab
         self.block_size = model.config.block_size
         self.test_samples = len(test_dataset) if test_dataset is not None else 0
-        config.check_step_fits(len(train_dataset), env.world_size)
+        self.replicas = Replicas.open(config.replica_settings(), env)
+        """Under fault tolerance, this replica group's part in the run (distributed/fault_tolerance.py)."""
+        self.data_env = self.replicas.data_env
+        """This rank's place in the global sample order (its group's slot under fault tolerance)."""
+        config.check_step_fits(len(train_dataset), self.data_env.world_size)
         self.hellaswag = hellaswag_eval.for_run(config.hellaswag_path, vocab, self.block_size,
                                                 config.hellaswag_items)
         self._place(model)
@@ -213,6 +249,7 @@ class Trainer:
         if watch.active:  # alone, no rank to compare with: no step is timed
             watch.clock.time_arrival_at(parallel.unwrap(self.model).input_parameters())
         self.progress = self._load_snapshot()
+        self.replicas.keep(self.model, self.optimizer, self.scaler, self.progress)  # what a joining group heals
         self.steps_per_epoch = len(self.train_loader)
         self.total_steps = self._planned_steps()
         self.report = RunReport.open(config.report_settings(), env, self.precision.matmul_dtype,
@@ -232,13 +269,13 @@ class Trainer:
         eval_batches."""
         tc = self.config
         return rank_loader(in_windows(dataset), tc.batch_size, tc.grad_accum_steps if train else None,
-                           tc.eval_batches, tc.data_loader_workers, tc.seed, self.env,
+                           tc.eval_batches, tc.data_loader_workers, tc.seed, self.data_env if train else self.env,
                            control.handled_signals(tc.stop_signals))
 
     def _load_snapshot(self) -> Progress:
         """The original's _load_snapshot: the newest snapshot, if any, into the model, optimizer and
         scaler (storage/checkpointer.py); where training stands."""
-        return self.checkpointer.resume(self.model, self.optimizer, self.scaler)
+        return self.checkpointer.resume(self.model, plain(self.optimizer), self.scaler)
 
     def _place(self, model: nn.Module) -> None:
         """Check that the training state fits, then wrap the meta-device model for the configured
@@ -254,8 +291,9 @@ class Trainer:
         check_memory(self.memory, env)  # before anything is allocated
         method = parallel.Parallelism(config.distributed_method, config.cpu_offload,
                                       config.reshard_after_forward, cpu_collectives=env.backend == "gloo")
-        self.model = parallel.parallelize(model, method, self.precision, env, compile=config.compile)
-        self.optimizer = create_optimizer(self.model, self.optimizer_config)
+        self.model = parallel.parallelize(model, method, self.precision, env, compile=config.compile,
+                                          comm_hook=self.replicas.comm_hook)
+        self.optimizer = self.replicas.committing(create_optimizer(self.model, self.optimizer_config))
         self.scaler = parallel.grad_scaler(self.model, self.precision, env)
         fsdp_casts = parallel.computes_in_precision(self.model)  # then autocast would only add casts
         self.autocast = contextlib.nullcontext if fsdp_casts else self.precision.autocast
@@ -264,7 +302,7 @@ class Trainer:
         """The run as it starts: model, world, memory, batch, data (with how it is evaluated) and
         snapshot lines."""
         tc, env = self.config, self.env
-        tokens_per_step = tc.batch_size * tc.grad_accum_steps * env.world_size * self.block_size
+        tokens_per_step = tc.batch_size * tc.grad_accum_steps * self.data_env.world_size * self.block_size
         budget = f"{tc.max_steps:,} steps in all" if tc.max_steps else f"{tc.max_epochs} epochs"
         offload = " with CPU offload" if tc.cpu_offload else ""
         return [
@@ -295,7 +333,10 @@ class Trainer:
         return f"{when} on {taken:,} of {whole:,} batches per process, {which} (trainer_config.eval_batches; 0: all)"
 
     def track(self, config: TrackerConfig, run_config: dict[str, Any], summary: list[str]) -> None:
-        """Send the metrics to run trackers too, continuing the tracked runs of a resumed snapshot."""
+        """Send the metrics to run trackers too, continuing the tracked runs of a resumed snapshot
+        (under fault tolerance, replica group 0's metrics: one tracked run)."""
+        if self.config.fault_tolerant and self.config.ft_replica_group:
+            return
         self.report.track(config, self.checkpointer.folder, self.progress, run_config, summary)
 
     def train(self) -> None:
@@ -308,7 +349,7 @@ class Trainer:
             return
         self.report.monitor.forecast(self.total_steps - self.progress.step, self.step_estimate_s)
         failed, finished = self.report.failed_on_error(), self.checkpointer.finished_on_error()
-        with failed, self.guard, finished:
+        with failed, self.guard, self.replicas, finished:
             while not self._budget_spent():
                 epoch = self.progress.finished_epoch + 1
                 self._run_epoch(epoch)
@@ -367,7 +408,7 @@ class Trainer:
 
     def _dropout_seed(self, epoch: int) -> int:
         """Dropout differs per rank and per epoch, yet an epoch replays exactly after a resume."""
-        return self.config.seed + MAX_RANKS * epoch + self.env.rank
+        return self.config.seed + MAX_RANKS * epoch + self.data_env.rank
 
     def _run_epoch(self, epoch: int) -> None:
         """Train the rest of epoch, or until the step budget is spent (the epoch then stays open)."""
@@ -378,8 +419,9 @@ class Trainer:
         for iteration, batch in enumerate(self.train_loader, start=first_step):
             source, targets = self.to_device(batch)
             loss, grad_norm = self._run_batch(source, targets)
-            samples = len(source) * self.env.world_size  # every rank's batch has the same length
+            samples = len(source) * self.data_env.world_size  # every rank's batch has the same length
             self.progress.advance(samples, tokens=samples * self.block_size)
+            self.report.missed(epoch, self.progress, self.replicas.step_taken(len(source)))
             lr = self.optimizer.param_groups[0]["lr"]
             self.report.train_step(epoch, iteration, self.progress, loss, grad_norm, lr)
             self._after_step(epoch, loss, grad_norm)
@@ -521,7 +563,7 @@ class Trainer:
 
     def _snapshot_if_due(self, decision: control.Decision = control.Decision(), **occasion: bool) -> None:
         when = self.checkpointer.due(self.progress, decision, **occasion)
-        if when:
+        if when and self.replicas.writes_snapshots():
             self._save_snapshot(when)
 
     def _save_snapshot(self, when: str) -> None:
@@ -529,6 +571,6 @@ class Trainer:
         moment in the log line; with async_snapshots, checkpointer.finish() waits for its write."""
         self.report.publish()  # the metrics file holds at least what the snapshot covers
         self.guard.at("snapshot", self.progress.step)
-        self.checkpointer.save(when, self.progress, self.model, self.optimizer, self.scaler)
+        self.checkpointer.save(when, self.progress, self.model, plain(self.optimizer), self.scaler)
         self.guard.saved()
 

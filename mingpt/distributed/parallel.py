@@ -25,7 +25,7 @@ import contextlib
 import re
 import warnings
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -86,7 +86,7 @@ class Parallelism:
 
 
 def parallelize(model: nn.Module, parallelism: Parallelism, precision: Precision, env: DistEnv,
-                compile: bool = False) -> nn.Module:
+                compile: bool = False, comm_hook: Optional[Callable[[DDP], None]] = None) -> nn.Module:
     """Put the model on this rank's device and wrap it for data-parallel training.
 
     model: built on the meta device, to be materialised here (each rank only its part under FSDP),
@@ -95,6 +95,9 @@ def parallelize(model: nn.Module, parallelism: Parallelism, precision: Precision
     module the wrapper will hold, as torch's documentation advises: the whole model under DDP; each
     transformer block under FSDP, before it is sharded, so that FSDP's all-gather and reduce-scatter
     hooks run around compiled blocks rather than inside one compiled graph.
+    comm_hook: registers DDP's communication hook on the wrapped model, in place of its all-reduce:
+    fault tolerance's, which also averages across replica groups (fault_tolerance.py). With one, a
+    world of one rank is wrapped in DDP too.
     """
     if parallelism.method in SHARDED_METHODS:
         if compile:
@@ -107,9 +110,12 @@ def parallelize(model: nn.Module, parallelism: Parallelism, precision: Precision
         materialize(model, env.device)
     else:
         model = model.to(env.device)
-    if env.world_size == 1:
+    if env.world_size == 1 and comm_hook is None:
         return model  # nothing to synchronise: DDP would only add bucket copies to every step
-    return DDP(model, device_ids=[env.device] if env.device.type == "cuda" else None)
+    ddp = DDP(model, device_ids=[env.device] if env.device.type == "cuda" else None)
+    if comm_hook is not None:
+        comm_hook(ddp)
+    return ddp
 
 
 def _shard(model: nn.Module, parallelism: Parallelism, precision: Precision, env: DistEnv) -> nn.Module:

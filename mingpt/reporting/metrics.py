@@ -2,7 +2,9 @@
 
 One line per training step (epoch, iter, step, tokens, loss, lr, tokens_per_s: the throughput of
 the latest progress window, mfu, grad_norm), one per eval pass, and one per HellaSwag scoring
-("kind": "hellaswag": accuracy, correct, items; reporting/hellaswag_eval.py); run trackers (trackers.py)
+("kind": "hellaswag": accuracy, correct, items; reporting/hellaswag_eval.py), and under fault tolerance
+one per step whose samples of the global order nobody trained ("kind": "missed": samples; each replica
+group keeps a file of its own: replica_group_metrics_path); run trackers (trackers.py)
 get the same lines as they are flushed. Step losses and norms stay on the device until flush(), which the
 trainer calls at log time: recording a step costs no host-device synchronisation.
 
@@ -29,6 +31,13 @@ def default_metrics_path(snapshot_path: str) -> str:
     if snapshot_path.endswith(".pt"):
         return snapshot_path[: -len(".pt")] + ".metrics.jsonl"
     return snapshot_path.rstrip("/") + "/metrics.jsonl"
+
+
+def replica_group_metrics_path(path: str, group: int) -> str:
+    """Replica group g's own file under fault tolerance (group 0 keeps path): `gpt_snapshot.metrics.jsonl`
+    -> `gpt_snapshot.metrics.replica1.jsonl`. Each group's rank 0 writes its own, as it saw the run."""
+    stem, dot, suffix = path.rpartition(".")
+    return f"{stem}.replica{group}.{suffix}" if dot and "/" not in suffix else f"{path}.replica{group}"
 
 
 def open_run_metrics(path: str, check_folder: bool, active: bool) -> "MetricsLog":

@@ -111,6 +111,12 @@ class RunReport:
                             mfu=self.monitor.mfu, grad_norm=grad_norm.detach())
         self.loss_line("Train", epoch, iteration, loss)
 
+    def missed(self, epoch: int, progress: Progress, samples: int) -> None:
+        """Under fault tolerance, a step's samples of the global order that nobody trained (a lost
+        replica group's share, or a whole step not committed): a "missed" line, when there are any."""
+        if samples:
+            self.metrics.record("missed", epoch=epoch, step=progress.step, samples=samples)
+
     def _ranks_note(self, step: int) -> str:
         """At a progress line: every rank's step times since the last window into the metrics, and
         the slow rank, if one is, for the line."""

@@ -50,6 +50,9 @@ class SnapshotPolicy:
     every_steps: int = 0
     every_minutes: float = 0.0
     """Kept by rank 0's timer in control.StepAgreement; here only to name the reason."""
+    leased: bool = True
+    """Rank 0 holds the path's lease (lease.py). Under fault tolerance replica group 0 alone does:
+    the groups are one run, and whichever leads the quorum writes (distributed/fault_tolerance.py)."""
 
 
 def open_snapshot_store(policy: SnapshotPolicy, env: DistEnv) -> SnapshotStore:
@@ -107,7 +110,7 @@ class Checkpointer:
         self.unconfirmed: list[int] = []
         """Steps of this run's snapshots not yet followed by a healthy step (note_health)."""
         self._rng_to_restore: Optional[dict] = None
-        self.lease = SnapshotLease(policy.path) if env.is_main else None
+        self.lease = SnapshotLease(policy.path) if env.is_main and policy.leased else None
         """Global rank 0's hold on the snapshot path (lease.py): one run per path."""
         self._take_the_path()
 
@@ -118,7 +121,8 @@ class Checkpointer:
         if self.env.is_main:
             try:
                 check_writable(self.store.folder, TRAINING_KEY)
-                self.lease.acquire()
+                if self.lease is not None:
+                    self.lease.acquire()
             except MinGPTError as error:
                 refusal = str(error)
         refusal = first_said(refusal)

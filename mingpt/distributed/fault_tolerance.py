@@ -1,0 +1,459 @@
+"""Keep training through a lost replica group: step-level fault tolerance on torchft.
+
+A fault-tolerant run (trainer_config.fault_tolerant=true) is several replica groups, each one
+torchrun of one or more ranks (plain DDP among them, on the usual process group), which torchft's
+Manager joins into one data-parallel run:
+
+- torchft's lighthouse (one process the user starts, or launch.py --replica-groups) forms a quorum of
+  the live groups at every step. Rank r of each group averages its gradients with rank r of every
+  other group in the quorum on a torchft process group, remade whenever the quorum changes: DDP's
+  communication hook (average_gradients) reduces within the group, then across groups.
+- A step's update is applied only when its group commits it (Manager.should_commit, behind the
+  optimizer: CommittingOptimizer). A group lost in the middle of a step fails that step's collective
+  in the survivors, who drop the update (as a GradScaler drops an overflowing step: the step counts,
+  its weights do not change) and go on without the group from the next quorum. A dead group is given
+  up when the lighthouse stops hearing its heartbeat (5 s by default), a silent one after
+  ft_timeout_s.
+- A group that (re)joins heals at its first step boundary from a live group's state (model,
+  optimizer, grad scaler, Progress), fetched over HTTP from that group through the Manager's
+  state_dict/load_state_dict callbacks, rather than going back to the last snapshot.
+
+The global sample order stays the one of a whole run: each epoch's order is dealt to replica groups x
+ranks per group slots (data_env), rank r of group g reading slot g x ranks + r, whether or not every
+group is there. A missing group's slots are skipped, not handed to the others, so a group that
+rejoins continues at the run's position; the samples a missing group would have trained (and a whole
+step's, when it is not committed) are counted into the metrics ("missed" lines). Snapshots are
+written by the lowest-numbered group in the quorum (its rank 0), so that they go on when any group is
+lost, and a run that loses every group resumes from them as any run does.
+
+torchft is an optional dependency (the `ft` extra); nothing here imports it until the mode is on.
+"""
+import contextlib
+import dataclasses
+import importlib.util
+import logging
+import os
+import socket
+import time
+import urllib.parse
+import warnings
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from mingpt.common.errors import MinGPTError, check
+from mingpt.common.logger import log
+from mingpt.distributed.process_group import DistEnv
+
+FT_EXTRA = "pip install -e '.[ft]' (torchft)"
+LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
+"""torchft's own variable for the lighthouse's address, read when trainer_config.ft_lighthouse is empty."""
+KEY = "trainer_config.fault_tolerant"
+
+def torchft_installed() -> bool:
+    return importlib.util.find_spec("torchft") is not None
+
+
+@dataclass(frozen=True)
+class ReplicaSettings:
+    """What fault tolerance needs of the config (TrainerConfig.replica_settings), checked on its own."""
+
+    enabled: bool = False
+    lighthouse: str = ""
+    """The lighthouse's address (http://host:port); empty: $TORCHFT_LIGHTHOUSE."""
+    group: int = 0
+    """This replica group's number, 0 to groups - 1."""
+    groups: int = 1
+    """Replica groups in the run: the global sample order is dealt to this many."""
+    min_groups: int = 1
+    """Fewer live groups than this stop training (the survivors wait for the others, up to quorum_timeout_s)."""
+    timeout_s: float = 30.0
+    """How long a collective across groups waits for a silent group before the step is dropped."""
+    quorum_timeout_s: float = 300.0
+    """How long a group waits at a step boundary for the others (and for the lighthouse)."""
+    method: str = "ddp"
+
+    def __post_init__(self) -> None:
+        if not self.enabled:
+            return
+        check(torchft_installed(), KEY, f"needs torchft, which is not installed: {FT_EXTRA}")
+        check(self.method != "fsdp", "trainer_config.distributed_method",
+              "fsdp shards every parameter over every rank, so no other replica holds a lost rank's shards "
+              "to heal it from; fault_tolerant needs replicas: use ddp (each replica group one or more ranks)")
+        check(self.method != "hsdp", "trainer_config.distributed_method",
+              "hsdp under fault_tolerant is not built (torchft would replace its replication across nodes, "
+              "and healing would have to move each rank's shards); use ddp")
+        check(self.groups >= 1, "trainer_config.ft_replica_groups", f"must be positive, got {self.groups}")
+        check(0 <= self.group < self.groups, "trainer_config.ft_replica_group",
+              f"must be 0 to {self.groups - 1} (ft_replica_groups={self.groups}), got {self.group}")
+        check(1 <= self.min_groups <= self.groups, "trainer_config.ft_min_replica_groups",
+              f"must be 1 to ft_replica_groups={self.groups}, got {self.min_groups}")
+        check(self.timeout_s > 0, "trainer_config.ft_timeout_s", f"must be positive, got {self.timeout_s}")
+        check(self.quorum_timeout_s > 0, "trainer_config.ft_quorum_timeout_s",
+              f"must be positive, got {self.quorum_timeout_s}")
+
+    def lighthouse_address(self) -> str:
+        address = self.lighthouse or os.environ.get(LIGHTHOUSE_ENV, "")
+        check(bool(address), "trainer_config.ft_lighthouse",
+              f"needs the lighthouse's address (http://host:29510), or ${LIGHTHOUSE_ENV}; start one with "
+              "torchft_lighthouse --min_replicas 1, or train with python launch.py --replica-groups N")
+        return address if "://" in address else f"http://{address}"
+
+
+class Replicas:
+    """This replica group's part in a fault-tolerant run, or (`alone`) a run of one group: the
+    Trainer calls the same methods either way, and alone they change nothing."""
+
+    def __init__(self, settings: ReplicaSettings, env: DistEnv):
+        self.settings, self.env = settings, env
+        self.manager = None
+        self.members: tuple[int, ...] = (settings.group,)
+        """The groups of the latest quorum."""
+        self.committed = True
+        """Whether the latest step's update was applied."""
+        self._pending_quorum = False
+        self._progress = None
+        self._quorum_done_at = time.monotonic()
+        self._first_quorum = True
+
+    @classmethod
+    def open(cls, settings: ReplicaSettings, env: DistEnv) -> "Replicas":
+        """This group's Manager, joined to the lighthouse (no quorum yet: join() forms the first)."""
+        replicas = cls(settings, env)
+        if settings.enabled:
+            replicas._start_manager()
+        return replicas
+
+    @property
+    def active(self) -> bool:
+        return self.manager is not None
+
+    @property
+    def data_env(self) -> DistEnv:
+        """This rank's place in the global sample order: its slot among every group's ranks."""
+        if not self.active:
+            return self.env
+        size = self.env.world_size
+        return dataclasses.replace(self.env, rank=self.settings.group * size + self.env.rank,
+                                   world_size=self.settings.groups * size)
+
+    @property
+    def comm_hook(self) -> Optional[Callable[[nn.Module], None]]:
+        """What registers the DDP communication hook that averages gradients within and across groups
+        (parallel.parallelize calls it; None alone)."""
+        return self._average_gradients if self.active else None
+
+    def _average_gradients(self, ddp: nn.Module) -> None:
+        ddp.register_comm_hook(GradientAverage(self, ddp.module), average_gradients)
+
+    def committing(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        return CommittingOptimizer(optimizer, self) if self.active else optimizer
+
+    def _start_manager(self) -> None:
+        quiet_torchft()  # before torchft is imported: its Rust core reads RUST_LOG then
+        from torchft import Manager
+
+        settings, env = self.settings, self.env
+        lighthouse = settings.lighthouse_address()
+        host, port, self._store = group_store(env)
+        self.process_group = replica_process_group(env.device, timedelta(seconds=settings.timeout_s))
+        try:
+            self.manager = Manager(
+                pg=self.process_group, load_state_dict=None, state_dict=None, min_replica_size=settings.min_groups,
+                use_async_quorum=False, init_sync=False, replica_id=f"replica_{settings.group}",
+                timeout=timedelta(seconds=settings.timeout_s),
+                quorum_timeout=timedelta(seconds=settings.quorum_timeout_s),
+                connect_timeout=timedelta(seconds=settings.quorum_timeout_s),
+                store_addr=host, store_port=port, rank=env.rank, world_size=env.world_size,
+                lighthouse_addr=lighthouse, hostname=host)
+        except Exception as error:  # the lighthouse cannot be reached (torchft says it in many words)
+            raise MinGPTError(lighthouse_lost(lighthouse, error, "start")) from None
+        quiet_checkpoint_server(self.manager)
+        log.info(f"Replicas: replica group {settings.group} of {settings.groups} ({env.world_size} rank(s) each), "
+                 f"lighthouse {lighthouse}, training while {settings.min_groups} or more are live; a group "
+                 f"lost in a step costs that step, a silent one is given up after {settings.timeout_s:g} s "
+                 "(trainer_config.ft_timeout_s)")
+
+    def keep(self, model: nn.Module, optimizer: torch.optim.Optimizer, scaler, progress) -> None:
+        """What a joining group heals from a live one: the model, the optimizer (the plain one), the
+        grad scaler and the Progress (updated in place: the Trainer holds it)."""
+        self._progress = progress
+        if not self.active:
+            return
+        optimizer = plain(optimizer)
+
+        def state() -> dict[str, Any]:
+            return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scaler": scaler.state_dict(), "progress": progress_fields(progress),
+                    "group": self.settings.group, "group_size": self.env.world_size}
+
+        def heal(received: dict[str, Any]) -> None:
+            check(received["group_size"] == self.env.world_size, "trainer_config.fault_tolerant",
+                  f"replica group {received['group']} has {received['group_size']} rank(s) and this one "
+                  f"{self.env.world_size}; start every replica group with as many ranks")
+            model.load_state_dict(received["model"])
+            optimizer.load_state_dict(received["optimizer"])
+            scaler.load_state_dict(received["scaler"])
+            for name, value in received["progress"].items():
+                setattr(progress, name, value)
+            log.info(f"Healed from replica group {received['group']} at step {progress.step}: its model, "
+                     "optimizer and position, fetched live, not the last snapshot")
+
+        self.manager.register_state_dict_fn("training", heal, state)
+
+    # A context around training (Trainer.train): the first quorum, in which this group heals if it
+    # (re)joins a run under way, and the Manager's end.
+
+    def __enter__(self) -> "Replicas":
+        if self.active:
+            self._quorum()
+            self._pending_quorum = True  # the first step's: zero_grad starts none
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self.active:
+            self.manager.shutdown(wait=False)
+
+    def start_step(self) -> None:
+        """A step begins (the optimizer's zero_grad): the quorum of the groups that take it."""
+        if self._pending_quorum:
+            self._pending_quorum = False
+            return
+        self._quorum()
+
+    def _quorum(self) -> None:
+        try:
+            self.manager.start_quorum()
+        except Exception as error:
+            raise MinGPTError(self._no_quorum(error)) from None
+        before, self.members = self.members, self.process_group.members or self.members
+        self._say_membership(before)
+        self._quorum_done_at = time.monotonic()
+
+    def _no_quorum(self, error: Exception) -> str:
+        address = self.settings.lighthouse_address()
+        if not reachable(address):
+            return lighthouse_lost(address, error, f"step {self._next_step()}")
+        return (f"no quorum of {self.settings.min_groups} or more replica groups within "
+                f"{self.settings.quorum_timeout_s:g} s at step {self._next_step()} "
+                "(trainer_config.ft_quorum_timeout_s, ft_min_replica_groups); start the missing groups, "
+                f"or raise the timeout if a step boundary (an evaluation, a snapshot) takes longer ({error})")
+
+    def _say_membership(self, before: tuple[int, ...]) -> None:
+        """A line when groups leave or join (the first quorum: which groups train)."""
+        step, groups, now = self._next_step(), self.settings.groups, self.members
+        training = f"{names(now)} ({len(now)} of {groups})"
+        if self._first_quorum:
+            self._first_quorum = False
+            log.info(f"Replica groups {training} train from step {step}")
+            return
+        left, joined = sorted(set(before) - set(now)), sorted(set(now) - set(before))
+        if left:
+            stall = time.monotonic() - self._quorum_done_at
+            log.info(f"Replica group(s) {names(left)} left at step {step}: going on with {training} after a stall "
+                     f"of {stall:.1f} s (the lost step and the wait for a quorum without them); their share of "
+                     "each step is skipped until they are back, and counted (metrics: missed)")
+        if joined:
+            log.info(f"Replica group(s) {names(joined)} joined at step {step}, healed from a live group: "
+                     f"training with {training}")
+
+    def commit(self) -> bool:
+        """Whether this step's update is applied: every rank of the group agrees the step was sound
+        (no collective failed), with enough groups (Manager.should_commit)."""
+        self.committed = self.manager.should_commit()
+        if not self.committed:
+            log.info(f"Step {self._next_step()} not committed: a replica group was lost during it (or too "
+                     "few are live); its update is dropped and training goes on")
+        return self.committed
+
+    def step_taken(self, samples_per_slot: int) -> int:
+        """The samples of this step's global order nobody trained: a missing group's slots, or all of
+        them when the step was not committed."""
+        if not self.active:
+            return 0
+        slots = self.settings.groups * self.env.world_size
+        if not self.committed:
+            return slots * samples_per_slot
+        return (self.settings.groups - len(self.members)) * self.env.world_size * samples_per_slot
+
+    def writes_snapshots(self) -> bool:
+        """The lowest-numbered group of the quorum writes the snapshots (one writer; any group may
+        be lost); alone, this group."""
+        return not self.active or min(self.members) == self.settings.group
+
+    def _next_step(self) -> int:
+        return (self._progress.step if self._progress is not None else 0) + 1
+
+
+class CommittingOptimizer(torch.optim.Optimizer):
+    """The run's optimizer, stepping only the updates the replica groups commit: zero_grad starts a
+    step's quorum, step applies the update if it is committed. Everything else is the optimizer's
+    own (its param_groups, state, state_dict), so learning rates and the grad scaler see it as it is;
+    snapshots are taken of the plain optimizer (plain()), since torch's state-dict API may step an
+    optimizer to initialise its state."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, replicas: Replicas):
+        self.optimizer, self.replicas = optimizer, replicas  # a view: Optimizer.__init__ is not called
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.replicas.start_step()
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure=None, **kwargs):
+        if self.replicas.commit():
+            return self.optimizer.step(closure, **kwargs)
+        return None
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def __getattr__(self, name: str) -> Any:  # what GradScaler asks of a fused optimizer, say
+        return getattr(self.__dict__["optimizer"], name)
+
+
+def plain(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer inside a CommittingOptimizer, or itself."""
+    return optimizer.optimizer if isinstance(optimizer, CommittingOptimizer) else optimizer
+
+
+class GradientAverage:
+    """DDP's communication hook under fault tolerance: the step's gradients averaged over this
+    group's ranks (the usual process group), then over the groups of the quorum (torchft's process
+    group, whose all-reduce divides by the groups taking part).
+
+    Once per step, over every gradient at once, in the model's parameter order: DDP's buckets hold
+    the gradients in the order they were ready in its first step (it rebuilds them then), which a
+    group that joins later has not yet done, so buckets cannot be matched across groups. Each bucket
+    is copied into one flat buffer as DDP hands it over; the last one (DDP hands them over in order)
+    reduces the buffer and answers every bucket. A collective that fails across groups is not raised:
+    the Manager notes it, the gradients are zeroed (torchft leaves them half-reduced) and the step is
+    not committed."""
+
+    def __init__(self, replicas: "Replicas", model: nn.Module):
+        self.replicas = replicas
+        self.slices: dict[torch.Tensor, slice] = {}
+        offset = 0
+        for param in model.parameters():
+            if param.requires_grad:
+                self.slices[param] = slice(offset, offset + param.numel())
+                offset += param.numel()
+        first = next(iter(self.slices))
+        self.flat = torch.empty(offset, dtype=first.dtype, device=first.device)
+        self.waiting: list[tuple[dist.GradBucket, torch.futures.Future]] = []
+
+    def __call__(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        for param, gradient in zip(bucket.parameters(), bucket.gradients()):
+            self.flat[self.slices[param]].copy_(gradient.view(-1))
+        future = torch.futures.Future(devices=[self.flat.device] if self.flat.is_cuda else None)
+        self.waiting.append((bucket, future))
+        if bucket.is_last():
+            self._reduce()
+        return future
+
+    def _reduce(self) -> None:
+        group_size = self.replicas.env.world_size
+        if group_size > 1:
+            dist.all_reduce(self.flat.div_(group_size))
+        manager = self.replicas.manager
+        manager.allreduce(self.flat).wait()
+        if manager.errored():
+            self.flat.zero_()
+        waiting, self.waiting = self.waiting, []
+        for bucket, future in waiting:
+            for param, gradient in zip(bucket.parameters(), bucket.gradients()):
+                gradient.view(-1).copy_(self.flat[self.slices[param]])
+            future.set_result(bucket.buffer())
+
+
+def average_gradients(average: GradientAverage, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The hook DDP calls (it asks for a function of this signature): GradientAverage does the work."""
+    return average(bucket)
+
+
+def replica_process_group(device: torch.device, timeout: timedelta):
+    """torchft's process group across groups (NCCL for GPUs, gloo for CPUs), noting each quorum's
+    groups as the Manager remakes it (configure's global ranks: group x ranks per group + rank)."""
+    from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
+
+    base = ProcessGroupNCCL if device.type == "cuda" else ProcessGroupGloo
+
+    class AcrossGroups(base):
+        members: tuple[int, ...] = ()
+
+        def configure(self, store_addr, replica_id, rank, world_size, quorum_id=None, group_rank=None,
+                      group_world_size=None, global_ranks=None) -> None:
+            if global_ranks is not None and group_world_size:
+                self.members = tuple(sorted({global_rank // group_world_size for global_rank in global_ranks}))
+            super().configure(store_addr, replica_id, rank, world_size, quorum_id, group_rank,
+                              group_world_size, global_ranks)
+
+    return AcrossGroups(timeout=timeout)
+
+
+def group_store(env: DistEnv) -> tuple[str, int, Optional[dist.TCPStore]]:
+    """A TCPStore of this group's own for its Manager, served by its rank 0 (a fresh one each
+    attempt: torchrun's store outlives a restart, and a stale Manager address in it would be read);
+    its host and port, shared over the group."""
+    host = socket.gethostname()
+    store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False) if env.rank == 0 else None
+    where = [host, store.port if store is not None else 0]
+    if env.world_size > 1:
+        dist.broadcast_object_list(where, src=0)
+    return where[0], int(where[1]), store
+
+
+def reachable(address: str) -> bool:
+    parsed = urllib.parse.urlparse(address)
+    with contextlib.suppress(OSError), socket.create_connection((parsed.hostname, parsed.port), timeout=2):
+        return True
+    return False
+
+
+def lighthouse_lost(address: str, error: Exception, when: str) -> str:
+    return (f"cannot reach the lighthouse at {address} ({when}); start it again (torchft_lighthouse "
+            "--bind ... --min_replicas N, as launch.py printed it) and restart the replica groups: they resume "
+            f"from the newest snapshot ({type(error).__name__})")
+
+
+def names(groups) -> str:
+    return ", ".join(str(group) for group in groups)
+
+
+def progress_fields(progress) -> dict[str, Any]:
+    """Progress's position, a copy (the live object moves on while the state is sent)."""
+    return {field.name: getattr(progress, field.name) for field in dataclasses.fields(progress)
+            if field.name != "tracked_runs"}
+
+
+def quiet_checkpoint_server(manager) -> None:
+    """torchft serves a healing group the state over HTTP with http.server's handler, which prints
+    an access line on stderr for every request; this module says the healing in its own line. (The
+    handler is reached through the transport's server: a torchft that keeps it elsewhere keeps the
+    access line, nothing worse.)"""
+    with contextlib.suppress(AttributeError):
+        manager._checkpoint_transport._server.RequestHandlerClass.log_message = lambda *args: None
+
+
+def quiet_torchft() -> None:
+    """torchft speaks for itself at every quorum (Python's logging and its Rust core's): this module
+    says what a user needs in its own lines, so only torchft's errors that end a run are let through."""
+    os.environ.setdefault("RUST_LOG", "error")
+    logging.getLogger("torchft").setLevel(logging.CRITICAL)
+    # A healing group reads tensors out of the received bytes, which torch warns are not writable.
+    warnings.filterwarnings("ignore", message="The given buffer is not writable",
+                            module=r"torch\.distributed\._serialization")

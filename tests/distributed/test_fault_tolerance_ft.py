@@ -1,0 +1,196 @@
+"""The fault-tolerant mode's parts in-process (distributed/fault_tolerance.py): its settings and
+refusals, the data slots, the missed samples, the optimizer that commits, the gradient average across
+replica groups. Real replica groups on loopback: tests/end_to_end/test_fault_tolerance_ft.py."""
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from mingpt.common.errors import ConfigError
+from mingpt.distributed import fault_tolerance
+from mingpt.distributed.fault_tolerance import (
+    CommittingOptimizer,
+    GradientAverage,
+    Replicas,
+    ReplicaSettings,
+    average_gradients,
+    plain,
+)
+from mingpt.reporting.metrics import replica_group_metrics_path
+from mingpt.trainer import TrainerConfig
+
+
+def on(**keys) -> ReplicaSettings:
+    return ReplicaSettings(enabled=True, lighthouse="http://127.0.0.1:1", **keys)
+
+
+@pytest.mark.parametrize("keys, line", [
+    (dict(method="fsdp"), "trainer_config.distributed_method: fsdp shards every parameter over every rank, so no "
+                          "other replica holds a lost rank's shards to heal it from"),
+    (dict(method="hsdp"), "trainer_config.distributed_method: hsdp under fault_tolerant is not built"),
+    (dict(group=2, groups=2), "trainer_config.ft_replica_group: must be 0 to 1 (ft_replica_groups=2), got 2"),
+    (dict(groups=2, min_groups=3), "trainer_config.ft_min_replica_groups: must be 1 to ft_replica_groups=2, got 3"),
+    (dict(timeout_s=0), "trainer_config.ft_timeout_s: must be positive, got 0"),
+])
+def test_settings_refused_in_one_line(keys, line):
+    with pytest.raises(ConfigError) as refused:
+        on(**keys)
+    assert str(refused.value).startswith(line) and "\n" not in str(refused.value)
+
+
+def test_the_trainer_config_checks_them_and_leaves_them_off_by_default():
+    assert not TrainerConfig().replica_settings().enabled
+    with pytest.raises(ConfigError, match="^trainer_config.distributed_method: fsdp shards every parameter"):
+        TrainerConfig(fault_tolerant=True, distributed_method="fsdp")
+    TrainerConfig(distributed_method="fsdp", ft_replica_group=5)  # off: the other keys are not judged
+
+
+def test_without_torchft_the_mode_names_the_extra(monkeypatch):
+    monkeypatch.setattr(fault_tolerance, "torchft_installed", lambda: False)
+    with pytest.raises(ConfigError) as refused:
+        TrainerConfig(fault_tolerant=True)
+    assert str(refused.value) == ("trainer_config.fault_tolerant: needs torchft, which is not installed: "
+                                  "pip install -e '.[ft]' (torchft)")
+
+
+def test_without_a_lighthouse_address_the_mode_says_where_to_get_one(monkeypatch):
+    monkeypatch.delenv(fault_tolerance.LIGHTHOUSE_ENV, raising=False)
+    with pytest.raises(ConfigError, match=r"^trainer_config.ft_lighthouse: needs the lighthouse's address .*"
+                                          r"python launch.py --replica-groups N$"):
+        ReplicaSettings(enabled=True).lighthouse_address()
+    monkeypatch.setenv(fault_tolerance.LIGHTHOUSE_ENV, "node1:29510")
+    assert ReplicaSettings(enabled=True).lighthouse_address() == "http://node1:29510"
+
+
+def env_of(rank: int, world_size: int) -> SimpleNamespace:
+    return SimpleNamespace(rank=rank, world_size=world_size, local_rank=rank, device=torch.device("cpu"))
+
+
+def replicas_of(group: int, groups: int, rank: int = 0, ranks: int = 1, members=None) -> Replicas:
+    """A Replicas as a group of a run sees it, its Manager left out."""
+    from mingpt.distributed.process_group import DistEnv
+
+    env = DistEnv(rank, rank, ranks, ranks, torch.device("cpu"), "gloo")
+    replicas = Replicas(on(group=group, groups=groups), env)
+    replicas.manager = object()
+    replicas.members = tuple(members if members is not None else range(groups))
+    return replicas
+
+
+def test_each_rank_reads_its_groups_slot_of_the_global_order():
+    """Rank r of group g of G groups of R ranks is slot g x R + r of G x R: the order is dealt as to a
+    whole run whoever is there."""
+    slots = {(g, r): replicas_of(g, 3, r, 2).data_env for g in range(3) for r in range(2)}
+    assert {(env.rank, env.world_size) for env in slots.values()} == {(s, 6) for s in range(6)}
+    assert slots[(2, 1)].rank == 5
+    alone = Replicas(ReplicaSettings(), replicas_of(0, 1).env)
+    assert alone.data_env is alone.env and alone.comm_hook is None and alone.writes_snapshots()
+
+
+def test_missed_samples_are_a_missing_groups_share_or_a_whole_step_not_committed():
+    replicas = replicas_of(1, 3, ranks=2, members=(1,))  # groups 0 and 2 away
+    assert replicas.step_taken(samples_per_slot=32) == 2 * 2 * 32
+    replicas.members = (0, 1, 2)
+    assert replicas.step_taken(32) == 0
+    replicas.committed = False
+    assert replicas.step_taken(32) == 3 * 2 * 32
+    assert Replicas(ReplicaSettings(), replicas.env).step_taken(32) == 0
+
+
+def test_the_lowest_group_of_the_quorum_writes_the_snapshots():
+    assert replicas_of(0, 2).writes_snapshots() and not replicas_of(1, 2).writes_snapshots()
+    assert replicas_of(1, 2, members=(1,)).writes_snapshots()  # group 0 is lost: group 1 writes
+
+
+def test_each_group_keeps_its_own_metrics_file():
+    assert replica_group_metrics_path("gpt_snapshot.metrics.jsonl", 1) == "gpt_snapshot.metrics.replica1.jsonl"
+    assert replica_group_metrics_path("s3://b/run/metrics.jsonl", 2) == "s3://b/run/metrics.replica2.jsonl"
+    config = TrainerConfig(fault_tolerant=True, ft_replica_groups=2, ft_replica_group=1)
+    assert config.report_settings().metrics_path == "gpt_snapshot.metrics.replica1.jsonl"
+    assert not config.snapshot_policy().leased  # group 0 holds the lease: the groups are one run
+    assert TrainerConfig().report_settings().metrics_path == "gpt_snapshot.metrics.jsonl"
+
+
+class Quorum:
+    """What CommittingOptimizer asks of Replicas: a step's quorum, then its commit."""
+
+    def __init__(self, commits: bool):
+        self.commits, self.calls = commits, []
+
+    def start_step(self):
+        self.calls.append("quorum")
+
+    def commit(self):
+        self.calls.append("commit")
+        return self.commits
+
+
+@pytest.mark.parametrize("commits", [True, False])
+def test_the_optimizer_steps_only_a_committed_update(commits):
+    model = nn.Linear(4, 2)
+    inner = torch.optim.AdamW(model.parameters(), lr=0.1)
+    quorum = Quorum(commits)
+    optimizer = CommittingOptimizer(inner, quorum)
+    before = model.weight.detach().clone()
+    optimizer.zero_grad(set_to_none=True)
+    model(torch.ones(3, 4)).sum().backward()
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    scaler.unscale_(optimizer)
+    scaler.step(optimizer)
+    scaler.update()
+    assert quorum.calls == ["quorum", "commit"]
+    assert torch.equal(model.weight, before) != commits
+    assert plain(optimizer) is inner and plain(inner) is inner
+    assert optimizer.param_groups is inner.param_groups and optimizer.state_dict() == inner.state_dict()
+
+
+class HalvingManager:
+    """torchft's Manager as the gradient average sees it, across 2 groups whose other group's gradients
+    are all zero: the all-reduce halves every value. errors: the all-reduce fails."""
+
+    def __init__(self, errors: bool = False):
+        self.errors, self.reduced = errors, []
+
+    def allreduce(self, tensor):
+        self.reduced.append(tensor.numel())
+        tensor.div_(2)
+        return SimpleNamespace(wait=lambda: None)
+
+    def errored(self):
+        return RuntimeError("lost") if self.errors else None
+
+
+class Blocks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second, self.head = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.second(torch.relu(self.first(x)))))
+
+
+@pytest.mark.parametrize("errors", [False, False, True])
+def test_gradients_are_averaged_across_groups_once_per_step_in_parameter_order(world_of_one, errors):
+    """One all-reduce of every gradient per step, over several of DDP's buckets (a 1-byte cap: one
+    parameter each) and across DDP's rebuild after the first step; a failed one leaves zeros."""
+    torch.manual_seed(0)
+    model, reference = Blocks(), Blocks()
+    reference.load_state_dict(model.state_dict())
+    replicas = replicas_of(0, 2)
+    replicas.env = world_of_one
+    replicas.manager = HalvingManager(errors)
+    ddp = DDP(model, bucket_cap_mb=1e-6)
+    ddp.register_comm_hook(GradientAverage(replicas, ddp.module), average_gradients)
+    parameters = sum(p.numel() for p in model.parameters())
+    for step in range(3):
+        x = torch.randn(5, 8)
+        ddp.zero_grad()
+        reference.zero_grad()
+        ddp(x).square().sum().backward()
+        reference(x).square().sum().backward()
+        for param, expected in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(param.grad, torch.zeros_like(param) if errors else expected.grad / 2)
+    assert replicas.manager.reduced == [parameters] * 3
