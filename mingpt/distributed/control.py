@@ -249,12 +249,15 @@ class StepAgreement:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def close(self) -> None:
-        """Give the signals back to their previous handlers."""
+    def close(self, failed: bool = False) -> None:
+        """Give the signals back to their previous handlers. A run that fails leaves its group to the
+        process's end: torn down now, it would reset the other ranks' connections while they wait in
+        its all-reduce, and they would say they lost contact before this rank has said why."""
         self._ctrl_c.close()
         for number, handler in self._previous_handlers.items():
             signal.signal(number, handler)
-        dist.destroy_process_group(self._group)
+        if not failed:
+            dist.destroy_process_group(self._group)
 
 
 SCALED_PATIENCE = 3

@@ -62,5 +62,5 @@ class RunGuard:
 
     def __exit__(self, *exc_info) -> None:
         self.watch.__exit__(*exc_info)
-        self.agreement.close()
+        self.agreement.close(failed=exc_info[0] is not None)
         self.agreement = None

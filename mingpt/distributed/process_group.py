@@ -231,6 +231,9 @@ SAY_TIMEOUT = timedelta(seconds=10)
 SPEAKER_GRACE = timedelta(seconds=2)
 """How long a rank other than 0 leaves rank 0 to claim an error they both meet (the same data, the
 same snapshot: met within milliseconds of each other) before it claims it itself."""
+SAID_LATENCY = timedelta(seconds=1)
+"""Beyond the speaker's grace, how long a rank that lost contact waits to hear that its peer said the
+run's error (the peer claims it, then says it)."""
 SAID = "mingpt/said/any"
 """Set in the store once a rank has said a user's error: the run's one line."""
 
@@ -311,11 +314,13 @@ def mark_said() -> None:
 def an_error_was_said() -> bool:
     """Whether a rank has said a user's error (say_once); asked by a rank whose collective failed,
     while its store is still up. That error ended the run: the rank only lost contact with the one
-    that said it, and keeps quiet (said_elsewhere)."""
+    that said it, and keeps quiet (said_elsewhere). The one that met it may still be giving rank 0
+    its grace (speaker_of): it is waited for that long, and a little more."""
     if dist.get_world_size() == 1:
         return False
-    with contextlib.suppress(Exception):  # the store's host is gone: nobody to ask
-        return dist.distributed_c10d._get_default_store().check([SAID])
+    with contextlib.suppress(Exception):  # the store's host is gone, or nobody said anything
+        dist.distributed_c10d._get_default_store().wait([SAID], SPEAKER_GRACE + SAID_LATENCY)
+        return True
     return False
 
 

@@ -57,8 +57,10 @@ it is busy by definition (compile)."""
 WORDS = {"data": "data loading", "compile": "compilation", "forward": "forward pass",
          "backward": "backward pass (gradient sync)", "optimizer": "optimizer step", "snapshot": "snapshot",
          "evaluation": "evaluation"}
-BUSY_SHARE = 0.5
-"""A process that used at least this share of one core's time since its last post is computing."""
+BUSY_SHARE = 0.1
+"""A process that used at least this share of one core's time since its last post is computing: one
+waiting in a collective uses next to none, and one computing on a machine shared with other work
+may get a fraction of a core."""
 KEY = "mingpt/watch"
 REPORT = "hang_report.txt"
 STACKS_WAIT_S = 5.0

@@ -89,8 +89,9 @@ def test_an_error_every_rank_meets_during_the_run_is_said_once(text_file, tmp_pa
 @pytest.mark.slow
 @pytest.mark.parametrize("override, said", [
     ("trainer_config.batch_size=0", "error: trainer_config.batch_size: must be positive"),
-    # Hydra's own refusal, before main.py's code runs: it was said by every rank.
-    ("trainer_config.batch_sz=1", "Could not override 'trainer_config.batch_sz'."),
+    # Refused before Hydra would (run_config.check_overrides): it was said by every rank.
+    ("trainer_config.batch_sz=1", "error: trainer_config.batch_sz: is not a key of TrainerConfig (did you mean "
+                                  "trainer_config.batch_size?)"),
 ], ids=["out-of-range", "misspelt"])
 def test_a_config_error_is_said_by_local_rank_zero_even_when_it_is_the_slowest(text_file, tmp_path, override,
                                                                              said):

@@ -170,18 +170,26 @@ def slow_down(phase: str, seconds: float, first_step: int) -> None:
     import time
 
     if phase in ("compute", "spin"):
-        original = Trainer.compute_loss
+        from mingpt.model import GPT
 
-        def compute_loss(self, *args):
-            if self.progress.step + 1 >= first_step:
+        original, original_batch = GPT.forward, Trainer._run_batch
+        taking = 0  # the step the Trainer is taking (its forward passes, not the planner's traced one)
+
+        def run_batch(self, *args):
+            nonlocal taking
+            taking = self.progress.step + 1
+            return original_batch(self, *args)
+
+        def forward(self, *args, **kwargs):  # inside the forward pass, where computation is timed
+            if self.training and taking >= first_step:
                 if phase == "compute":
                     time.sleep(seconds)
                 deadline = time.monotonic() + seconds
                 while phase == "spin" and time.monotonic() < deadline:  # the CPU busy, as computing keeps it
                     sum(range(10_000))
-            return original(self, *args)
+            return original(self, *args, **kwargs)
 
-        Trainer.compute_loss = compute_loss
+        GPT.forward, Trainer._run_batch = forward, run_batch
         return
     assert phase == "data", f"unknown SLOW phase {phase!r}"
     original_iter = GlobalOrderSampler.__iter__
