@@ -194,3 +194,24 @@ def test_gradients_are_averaged_across_groups_once_per_step_in_parameter_order(w
         for param, expected in zip(model.parameters(), reference.parameters()):
             torch.testing.assert_close(param.grad, torch.zeros_like(param) if errors else expected.grad / 2)
     assert replicas.manager.reduced == [parameters] * 3
+
+
+def test_launch_refuses_more_groups_needed_than_started(capsys):
+    from mingpt import launch
+
+    with pytest.raises(SystemExit) as stop:
+        launch.main(["--replica-groups", "2", "--min-replica-groups", "3"])
+    assert stop.value.code == 1
+    assert capsys.readouterr().err == ("error: --replica-groups must be at least 1, and --min-replica-groups 1 to "
+                                       "--replica-groups (see --help)\n")
+
+
+def test_launch_gives_each_group_its_own_gpus(monkeypatch):
+    from mingpt import launch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert launch.group_devices(2) == [["0", "1"], ["2", "3"]]
+    with pytest.raises(Exception, match="each group needs a GPU of its own"):
+        launch.group_devices(5)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert launch.group_devices(2) == []
