@@ -1,0 +1,228 @@
+"""The fault-tolerant mode on real processes (trainer_config.fault_tolerant; torchft): replica groups of
+one CPU rank each on loopback, meeting at a lighthouse this test starts. A group SIGKILLed mid-run:
+the survivor goes on (never back to a snapshot, at most one step dropped, a stall within its bound),
+the group restarted heals from it (and, killed again while healing, heals the next time), both end
+with the same weights, and the samples nobody trained are in the survivor's metrics. A lost
+lighthouse ends each group in one line that says what to do. launch.py --replica-groups starts it
+all, and torchrun's restart of a killed worker heals it."""
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import psutil
+import pytest
+import torch
+from helpers import MINGPT, WORKER_SCRIPTS, kill_tree, tiny_overrides
+
+pytestmark = pytest.mark.slow
+
+HEARTBEAT_TIMEOUT_S = 2.0  # the lighthouse's: a group it stops hearing from leaves the quorum then
+FT_TIMEOUT_S = 5.0
+STALL_BOUND_S = FT_TIMEOUT_S + HEARTBEAT_TIMEOUT_S + 3.0  # + a step or two of this loaded machine
+SLOW = {"SLOW": "compute:0.05:1", "SLOW_RANK": "all"}  # steps of about 0.1 s: time to restart a group
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def lighthouse(tmp_path):
+    """torchft's lighthouse on loopback, quick to give up a silent group; yields its address."""
+    port = free_port()
+    command = [Path(sys.executable).with_name("torchft_lighthouse"), "--bind", f"127.0.0.1:{port}",
+               "--min_replicas", "1", "--heartbeat_timeout_ms", str(int(HEARTBEAT_TIMEOUT_S * 1000)),
+               "--join_timeout_ms", "3000"]
+    process = subprocess.Popen([str(c) for c in command], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env={**os.environ, "RUST_LOG": "error"})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    process.address = f"http://127.0.0.1:{port}"
+    yield process
+    kill_tree(process)
+
+
+class Group:
+    """One replica group: tests/workers/ft_replica.py as one process, its output in a file."""
+
+    def __init__(self, number: int, log: Path, overrides: list[str], env: dict):
+        self.number, self.log = number, log
+        self.process = subprocess.Popen(
+            [sys.executable, WORKER_SCRIPTS / "ft_replica.py", *overrides,
+             f"trainer_config.ft_replica_group={number}"],
+            stdout=log.open("w"), stderr=subprocess.STDOUT,
+            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env})
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def wait_for(self, pattern: str, timeout: float = 180) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(pattern, self.output)
+            if found:
+                return found
+            assert self.process.poll() is None, f"group {self.number} ended before {pattern!r}:\n{self.output}"
+            time.sleep(0.05)
+        raise AssertionError(f"no {pattern!r} from group {self.number} within {timeout} s:\n{self.output}")
+
+    def kill(self) -> None:
+        kill_tree(self.process)
+
+    def finish(self, timeout: float = 300) -> int:
+        try:
+            return self.process.wait(timeout)
+        finally:
+            kill_tree(self.process)
+
+
+def overrides_for(text_file: Path, tmp_path: Path, lighthouse_address: str, steps: int) -> list[str]:
+    return tiny_overrides(text_file, tmp_path / "snap.pt", trainer_config__max_steps=steps,
+                          trainer_config__fault_tolerant=True, trainer_config__ft_lighthouse=lighthouse_address,
+                          trainer_config__ft_replica_groups=2, trainer_config__ft_timeout_s=FT_TIMEOUT_S,
+                          trainer_config__ft_quorum_timeout_s=60, trainer_config__save_every_steps=50,
+                          trainer_config__eval_batches=2)
+
+
+def metrics(path: Path, kind: str) -> list[dict]:
+    return [line for line in map(json.loads, path.read_text().splitlines()) if line["kind"] == kind]
+
+
+def test_a_group_killed_mid_run_and_again_while_healing_costs_the_survivor_at_most_a_step(
+        text_file, tmp_path, lighthouse):
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    overrides = overrides_for(text_file, tmp_path, lighthouse.address, steps=450)
+    env = {**SLOW, "FINAL_WEIGHTS": str(weights)}
+    survivor = Group(0, tmp_path / "group0.log", overrides, env)
+    victim = Group(1, tmp_path / "group1.log", overrides, env)
+    victim.wait_for(r"0, 1 \(2 of 2\)")  # training together (from the start, or once one joined)
+    victim.wait_for(r"\| Iter 40 \|")
+    victim.kill()  # wherever it is in its step
+    healing = Group(1, tmp_path / "group1-healing.log", overrides, {**env, "HEAL_DELAY": "3"})
+    healing.wait_for("healing: loading")
+    healing.kill()  # in the middle of its healing: the survivor is in the step it was to join
+    rejoined = Group(1, tmp_path / "group1-rejoined.log", overrides, env)
+    assert survivor.finish() == 0, survivor.output
+    assert rejoined.finish() == 0, rejoined.output
+    output = survivor.output
+
+    # The survivor went on: never resumed, never healed, every step once, in order.
+    assert "Resuming" not in output and "Healed" not in output
+    steps = [line["step"] for line in metrics(tmp_path / "snap.metrics.jsonl", "train")]
+    assert steps == list(range(1, 451))
+    # Each loss of the group cost at most the step in flight, and the stall stayed within its bound.
+    left = [(int(step), float(stall)) for step, stall in
+            re.findall(r"Replica group\(s\) 1 left at step (\d+): going on with 0 \(1 of 2\) after a stall of "
+                       r"([\d.]+) s", output)]
+    assert len(left) == 2, output
+    dropped = [int(step) for step in re.findall(r"Step (\d+) not committed", output)]
+    assert len(dropped) <= 2 and all(step + 1 in dict(left) for step in dropped), output
+    assert all(stall <= STALL_BOUND_S for _, stall in left), left
+    # The restarted group healed from the survivor, at the step the survivor says it joined.
+    healed = int(rejoined.wait_for(r"Healed from replica group 0 at step (\d+)").group(1))
+    joined = [int(step) for step in re.findall(r"Replica group\(s\) 1 joined at step (\d+)", output)]
+    assert healed + 1 in joined and "Resuming training from snapshot" in rejoined.output
+    # The samples nobody trained: the missing group's share of each step it was away, and whole
+    # steps that were not committed.
+    per_slot = samples_per_slot(metrics(tmp_path / "snap.metrics.jsonl", "train"))
+    expected = {step: per_slot[step] for step in steps_away(output, last_step=450)}
+    expected.update({step: 2 * per_slot[step] for step in dropped})
+    missed = {line["step"]: line["samples"] for line in metrics(tmp_path / "snap.metrics.jsonl", "missed")}
+    assert missed == expected
+    # Both groups end with the same weights.
+    survivor_weights, rejoined_weights = (torch.load(weights / f"group{g}.pt") for g in (0, 1))
+    assert survivor_weights.keys() == rejoined_weights.keys()
+    for name, tensor in survivor_weights.items():
+        assert torch.equal(tensor, rejoined_weights[name]), name
+
+
+def steps_away(output: str, last_step: int) -> set[int]:
+    """The steps group 1 was not in the survivor's quorum, from the survivor's lines."""
+    present = "Replica groups 0, 1 (2 of 2) train from step 1" in output
+    events = sorted([(int(step), False) for step in re.findall(r"group\(s\) 1 left at step (\d+)", output)]
+                    + [(int(step), True) for step in re.findall(r"group\(s\) 1 joined at step (\d+)", output)])
+    away, since = set(), 1
+    for step, joins in [*events, (last_step + 1, None)]:
+        if not present:
+            away.update(range(since, step))
+        present, since = joins, step
+    return away
+
+
+def samples_per_slot(train_lines: list[dict], block_size: int = 16, slots: int = 2) -> dict[int, int]:
+    """Each step's samples per slot (an epoch's last step is short), from the tokens counted."""
+    tokens = [0, *(line["tokens"] for line in train_lines)]
+    return {line["step"]: (tokens[i + 1] - tokens[i]) // (block_size * slots) for i, line in enumerate(train_lines)}
+
+
+def test_a_lost_lighthouse_ends_each_group_in_one_line_that_says_what_to_do(text_file, tmp_path, lighthouse):
+    overrides = [*overrides_for(text_file, tmp_path, lighthouse.address, steps=2000),
+                 "trainer_config.ft_quorum_timeout_s=10"]
+    groups = [Group(number, tmp_path / f"group{number}.log", overrides, SLOW) for number in (0, 1)]
+    for group in groups:
+        group.wait_for(r"\| Iter 20 \|")
+    kill_tree(lighthouse)
+    lost_at = time.monotonic()
+    for group in groups:
+        assert group.finish(timeout=120) == 1, group.output
+        ended_after = time.monotonic() - lost_at
+        errors = [line for line in group.output.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1, group.output
+        assert re.fullmatch(rf"error: cannot reach the lighthouse at {lighthouse.address} \(step \d+\); start it "
+                            r"again \(torchft_lighthouse --bind \.\.\. --min_replicas N, as launch.py printed it\) "
+                            r"and restart the replica groups: they resume from the newest snapshot \(\w+\)",
+                            errors[0]), errors[0]
+        assert "Traceback" not in group.output
+    assert ended_after < 10 + 30  # the quorum timeout, and the processes' ends
+
+
+def test_launch_starts_the_lighthouse_and_the_groups_and_a_killed_worker_heals(text_file, tmp_path):
+    overrides = tiny_overrides(text_file, tmp_path / "snap.pt", trainer_config__max_steps=400,
+                               trainer_config__eval_batches=2, trainer_config__ft_timeout_s=FT_TIMEOUT_S)
+    log = tmp_path / "launch.log"
+    launcher = subprocess.Popen([sys.executable, MINGPT / "launch.py", "--replica-groups", "2", *overrides],
+                                stdout=log.open("w"), stderr=subprocess.STDOUT,
+                                env={**os.environ, "OMP_NUM_THREADS": "1", **SLOW})
+    try:
+        deadline = time.monotonic() + 180
+        while "[replica 1] [RANK0] Epoch 1 | Iter 20 |" not in log.read_text():
+            assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        worker = replica_worker(launcher, group=1)
+        worker.kill()
+        assert launcher.wait(timeout=300) == 0, log.read_text()
+    finally:
+        kill_tree(launcher)
+    output = log.read_text()
+    assert re.match(r"Lighthouse: http://127\.0\.0\.1:\d+ \(pid \d+\); if it dies, start it again with: \S*"
+                    r"torchft_lighthouse --bind 127\.0\.0\.1:\d+ --min_replicas 1, then restart the replica groups",
+                    output), output
+    assert re.search(r"\[replica 1\] Healed from replica group 0 at step \d+", output), output
+    assert re.search(r"\[replica 0\] Replica group\(s\) 1 left at step \d+", output)
+    assert output.count("Finished: epoch") == 2
+    lighthouse_pid = int(re.match(r"Lighthouse: \S+ \(pid (\d+)\)", output).group(1))
+    assert not psutil.pid_exists(lighthouse_pid) or psutil.Process(lighthouse_pid).status() == psutil.STATUS_ZOMBIE
+
+
+def replica_worker(launcher: subprocess.Popen, group: int) -> psutil.Process:
+    """The training process of one group's torchrun (launch.py's child) under launcher."""
+    for process in psutil.Process(launcher.pid).children(recursive=True):
+        command = " ".join(process.cmdline())
+        if f"ft_replica_group={group}" in command and "torch.distributed.run" not in command:
+            return process
+    raise AssertionError(f"no worker of replica group {group}")
