@@ -1,7 +1,7 @@
 """Muon against AdamW: wall-clock time to a fixed validation loss on tiny-shakespeare, the same model,
 each optimizer at the learning rate a small sweep finds best.
 
-    python bench/bench_muon.py [--target 2.0] [--max-steps 1000]
+    python bench/bench_muon.py [--target 2.0] [--max-steps 1000] [--phase sweep|time|both]
 
 Each run is `python mingpt/main.py --config-name laptop` (a 0.8M-parameter model, the whole text,
 contiguous split, evaluated every --eval-every steps on 16 batches) with the optimizer and learning
@@ -9,9 +9,16 @@ rate under test, stopped once an evaluation reaches --target (or at --max-steps)
 the process's start to that evaluation's line, so start-up is in both alike. AdamW is swept over
 --adamw-rates; Muon over --muon-rates (its hidden matrices; AdamW's part at the best AdamW rate).
 Target of issue 49: Muon at least 1.2x faster to the same loss. Writes bench/results/muon.json.
+
+Two phases, so that the long sweep can share a busy machine: the sweep picks each optimizer's rate by
+the fewest steps to the target (a count that does not depend on the machine's load; --threads per
+run), and the timing phase runs the two winners again, one after the other, on a machine left quiet,
+for the wall-clock figures the verdict compares. --phase time reads the sweep from the JSON file.
 """
 import argparse
 import functools
+import json
+import os
 import re
 import subprocess
 import sys
@@ -27,7 +34,7 @@ TARGET_SPEEDUP = 1.2
 
 
 def time_to_target(overrides: list[str], target: float, max_steps: int, eval_every: int,
-                   folder: Path) -> dict:
+                   folder: Path, threads: Optional[int] = None) -> dict:
     """One run until an evaluation reaches target: seconds, step, and every evaluation seen."""
     snapshot = folder / f"run_{abs(hash(tuple(overrides)))}.pt"
     command = [sys.executable, str(REPO / "mingpt" / "main.py"), "--config-name", "laptop",
@@ -35,7 +42,8 @@ def time_to_target(overrides: list[str], target: float, max_steps: int, eval_eve
                f"trainer_config.eval_every_steps={eval_every}", "trainer_config.progress_interval_s=3600",
                *overrides]
     start = time.monotonic()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     evaluations, reached = [], None
     for line in process.stdout:
         found = EVAL_LINE.search(line)
@@ -58,9 +66,19 @@ def time_to_target(overrides: list[str], target: float, max_steps: int, eval_eve
     return row
 
 
-def best(rows: list[dict]) -> Optional[dict]:
-    reached = [row for row in rows if row["seconds"] is not None]
-    return min(reached, key=lambda row: row["seconds"]) if reached else None
+def fewest_steps(rows: list[dict]) -> Optional[dict]:
+    reached = [row for row in rows if row["step"] is not None]
+    return min(reached, key=lambda row: (row["step"], row["seconds"])) if reached else None
+
+
+def sweep(args: argparse.Namespace, run) -> dict:
+    """Each optimizer at each rate, under load if need be: the rates that reach the target soonest."""
+    adamw = [run([f"optimizer_config.learning_rate={rate}"], threads=args.threads) for rate in args.adamw_rates]
+    best_adamw = fewest_steps(adamw)
+    adamw_rate = best_adamw["overrides"][0].split("=")[1] if best_adamw else str(args.adamw_rates[0])
+    muon = [run(["optimizer_config.name=muon", f"optimizer_config.learning_rate={adamw_rate}",
+                 f"optimizer_config.muon_learning_rate={rate}"], threads=args.threads) for rate in args.muon_rates]
+    return {"adamw": adamw, "muon": muon, "adamw_best": best_adamw, "muon_best": fewest_steps(muon)}
 
 
 def main() -> None:
@@ -71,26 +89,33 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--adamw-rates", type=float, nargs="+", default=[1e-3, 3e-3, 6e-3])
     parser.add_argument("--muon-rates", type=float, nargs="+", default=[0.01, 0.02, 0.04])
+    parser.add_argument("--phase", choices=["sweep", "time", "both"], default="both")
+    parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of the sweep's runs")
     parser.add_argument("--json", type=Path, default=RESULTS / "muon.json")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="bench-muon-"))
     run = functools.partial(time_to_target, target=args.target, max_steps=args.max_steps,
                             eval_every=args.eval_every, folder=folder)
-    adamw = [run([f"optimizer_config.learning_rate={rate}"]) for rate in args.adamw_rates]
-    best_adamw = best(adamw)
-    adamw_rate = best_adamw["overrides"][0].split("=")[1] if best_adamw else str(args.adamw_rates[0])
-    muon = [run(["optimizer_config.name=muon", f"optimizer_config.learning_rate={adamw_rate}",
-                 f"optimizer_config.muon_learning_rate={rate}"]) for rate in args.muon_rates]
-    best_muon = best(muon)
-    speedup = best_adamw["seconds"] / best_muon["seconds"] if best_adamw and best_muon else None
-    verdict = {"target_loss": args.target, "adamw_best": best_adamw, "muon_best": best_muon, "speedup": speedup,
+    settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
+    if args.phase == "time":
+        swept = json.loads(args.json.read_text())["sweep"]
+    else:
+        swept = sweep(args, run)
+        save_json(args.json, {"settings": settings, "sweep": swept})
+    if args.phase == "sweep":
+        return
+    timed = {name: run(swept[f"{name}_best"]["overrides"]) if swept[f"{name}_best"] else None
+             for name in ("adamw", "muon")}
+    speedup = timed["adamw"]["seconds"] / timed["muon"]["seconds"] if all(
+        row and row["seconds"] for row in timed.values()) else None
+    verdict = {"target_loss": args.target, "adamw": timed["adamw"], "muon": timed["muon"], "speedup": speedup,
                "target_speedup": TARGET_SPEEDUP, "met": speedup is not None and speedup >= TARGET_SPEEDUP}
-    seconds = {name: f"{row['seconds']:.1f} s" if row else "not reached" for name, row in
-               (("AdamW", best_adamw), ("Muon", best_muon))}
+    seconds = {name: f"{row['seconds']:.1f} s (step {row['step']})" if row and row["seconds"] else "not reached"
+               for name, row in timed.items()}
     outcome = (f"{speedup:.2f}x (target {TARGET_SPEEDUP}x: {'met' if verdict['met'] else 'not met'})" if speedup
                else "not comparable")
-    print(f"time to validation loss {args.target}: AdamW {seconds['AdamW']}, Muon {seconds['Muon']}: {outcome}")
-    save_json(args.json, {"settings": vars(args), "adamw": adamw, "muon": muon, "verdict": verdict})
+    print(f"time to validation loss {args.target}: AdamW {seconds['adamw']}, Muon {seconds['muon']}: {outcome}")
+    save_json(args.json, {"settings": settings, "sweep": swept, "verdict": verdict})
 
 
 if __name__ == "__main__":

@@ -14,5 +14,7 @@ def test_reports_each_optimizer_s_time_to_the_target_loss_and_their_ratio(tmp_pa
                   "--eval-every", "5", "--adamw-rates", "3e-3", "--muon-rates", "0.02", "--json", report],
                  timeout=300)
     assert_ok(result)
-    verdict = json.loads(report.read_text())["verdict"]
-    assert verdict["adamw_best"]["step"] == verdict["muon_best"]["step"] == 5 and verdict["speedup"] > 0
+    figures = json.loads(report.read_text())
+    assert figures["sweep"]["adamw_best"]["step"] == figures["sweep"]["muon_best"]["step"] == 5
+    verdict = figures["verdict"]
+    assert verdict["adamw"]["step"] == verdict["muon"]["step"] == 5 and verdict["speedup"] > 0
