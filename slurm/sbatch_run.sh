@@ -28,6 +28,11 @@
 #                   resolves to, NCCL an ib* one or else the first that is not loopback or docker.
 #                   The training's start-up line "World: ..." names gloo's. See slurm/README.md,
 #                   "Choosing the network interface".
+#   REPLICA_GROUPS  1: a fault-tolerant run (torchft): each node one replica group, its own torchrun
+#                   in its own job step, so that a lost node costs the others a step, not the run
+#   MIN_REPLICA_GROUPS  with REPLICA_GROUPS=1: the fewest live groups that train (default 1)
+#   LIGHTHOUSE_PORT with REPLICA_GROUPS=1: the lighthouse's port on the head node (default 29510 +
+#                   job id % 1000)
 #
 # A training process that dies is restarted, with every other one, by torchrun (up to MAX_RESTARTS
 # times) and resumes from the last snapshot. A node that dies ends the job; submit it again (or
@@ -154,19 +159,64 @@ on_time_limit_warning() {
 }
 trap on_time_limit_warning USR1
 
-# --kill-on-bad-exit: when one node's torchrun gives up, stop the others rather than leave them
-# waiting for a rendezvous that will never complete.
-srun --nodes="${#nodes[@]}" --ntasks-per-node=1 --cpus-per-task="$cpus_per_task" --kill-on-bad-exit=1 \
-    bash -c "$(declare -f node_main); node_main \"\$@\"" node_main \
-    "$torchrun" \
-    --nnodes "${#nodes[@]}" \
-    --nproc_per_node "$nproc_per_node" \
-    --rdzv_id "$rdzv_id" \
-    --rdzv_backend c10d \
-    --rdzv_endpoint "$head_node_ip:$rdzv_port" \
-    --max-restarts "${MAX_RESTARTS:-3}" \
-    "${stop_options[@]}" \
-    "$main_py" "$@" &
+# REPLICA_GROUPS=1: torchft's lighthouse here on the head node, then each node a replica group: its
+# own step, with no --kill-on-bad-exit (one group's failure must not end the others; torchrun
+# restarts its workers, which heal from the live groups), and its own torchrun (--standalone: the
+# groups meet at the lighthouse, not at a rendezvous), its lines prefixed [replica g] here (every
+# group logs). Run in the background as srun is: the time-limit trap stays with this shell, and its
+# `scancel --signal=TERM` reaches every step (not this shell's sed).
+ft_main() {
+    local port=${LIGHTHOUSE_PORT:-$((29510 + SLURM_JOB_ID % 1000))} group tries=0 steps=() failed=()
+    local lighthouse=("$(dirname "$torchrun")/torchft_lighthouse" --bind "$head_node_ip:$port"
+                      --min_replicas "${MIN_REPLICA_GROUPS:-1}")
+    RUST_LOG=${RUST_LOG:-warn} "${lighthouse[@]}" &
+    lighthouse_pid=$!  # not local: the EXIT trap, which stops the lighthouse with this (sub)shell, reads it
+    trap 'kill "$lighthouse_pid" 2>/dev/null && wait "$lighthouse_pid" || true' EXIT
+    local address="http://$head_node_ip:$port"
+    echo "[mingpt-ddp] Lighthouse: $address (pid $lighthouse_pid); if it dies, start it again on $head_node with:" \
+         "${lighthouse[*]}, then restart the replica groups"
+    until (exec 3<>"/dev/tcp/$head_node_ip/$port") 2>/dev/null; do  # answering, within a minute
+        kill -0 "$lighthouse_pid" 2>/dev/null && [ $((tries += 1)) -le 300 ] || fail "no lighthouse at $address"
+        sleep 0.2
+    done
+    for group in "${!nodes[@]}"; do
+        echo "[mingpt-ddp] replica group $group on ${nodes[group]}: starting torchrun"
+        srun --nodes=1 --ntasks=1 -w "${nodes[group]}" --cpus-per-task="$cpus_per_task" \
+            "$torchrun" --standalone --nproc_per_node "$nproc_per_node" --max-restarts "${MAX_RESTARTS:-3}" \
+            "${stop_options[@]}" "$main_py" trainer_config.fault_tolerant=true \
+            "trainer_config.ft_lighthouse=$address" "trainer_config.ft_replica_groups=${#nodes[@]}" \
+            "trainer_config.ft_replica_group=$group" "trainer_config.ft_min_replica_groups=${MIN_REPLICA_GROUPS:-1}" \
+            "$@" 2>&1 | sed -u "s/^/[replica $group] /" &  # pipefail: the pipeline's status is srun's
+        steps+=($!)
+    done
+    for group in "${!steps[@]}"; do
+        local status=0
+        wait "${steps[group]}" || status=$?
+        echo "[mingpt-ddp] replica group $group (${nodes[group]}): torchrun exited with status $status"
+        [ "$status" = 0 ] || failed+=("$group")
+    done
+    [ "${#failed[@]}" = 0 ] && return
+    echo "[mingpt-ddp] job $SLURM_JOB_ID: replica group(s) ${failed[*]} failed after their restarts"
+    [ "${#failed[@]}" -lt "${#nodes[@]}" ]
+}
+
+if [ "${REPLICA_GROUPS:-0}" = 1 ]; then
+    ft_main "$@" &
+else
+    # --kill-on-bad-exit: when one node's torchrun gives up, stop the others rather than leave them
+    # waiting for a rendezvous that will never complete.
+    srun --nodes="${#nodes[@]}" --ntasks-per-node=1 --cpus-per-task="$cpus_per_task" --kill-on-bad-exit=1 \
+        bash -c "$(declare -f node_main); node_main \"\$@\"" node_main \
+        "$torchrun" \
+        --nnodes "${#nodes[@]}" \
+        --nproc_per_node "$nproc_per_node" \
+        --rdzv_id "$rdzv_id" \
+        --rdzv_backend c10d \
+        --rdzv_endpoint "$head_node_ip:$rdzv_port" \
+        --max-restarts "${MAX_RESTARTS:-3}" \
+        "${stop_options[@]}" \
+        "$main_py" "$@" &
+fi
 training=$!
 # A trapped signal interrupts `wait`; wait again until the training has really ended.
 status=0

@@ -1,13 +1,15 @@
 """Clusters, for real: `sbatch slurm/sbatch_run.sh` on a two-node Slurm, and torchrun across two hosts
 (network namespaces), each surviving the SIGKILL of a training process; a Slurm job that requeues
-itself at its time-limit warning; an elastic torchrun that loses a host; HSDP across the two hosts,
-resuming FSDP's snapshot and resumed by DDP.
+itself at its time-limit warning; a fault-tolerant job (REPLICA_GROUPS=1: each node a replica group)
+whose group on n2 loses its process and heals from the other; an elastic torchrun that loses a host;
+HSDP across the two hosts, resuming FSDP's snapshot and resumed by DDP.
 
 The daemons and namespaces come from tests/cluster.py and are stopped by the fixtures, pass or fail.
 Without root or Slurm's packages these tests skip, saying why; .ci/run installs the packages and sets
 MINGPT_CLUSTER_TESTS=required, which turns a skip into a failure.
 """
 import contextlib
+import dataclasses
 import os
 import re
 import signal
@@ -15,6 +17,7 @@ import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import psutil
 import pytest
@@ -53,7 +56,8 @@ SAVED = re.compile(r"Snapshot saved at epoch (\d+)")
 RENDEZVOUS = "Rendezvous complete for workers"  # torchrun's agent, at LOGLEVEL=INFO
 # The script's own environment knobs: the tests exercise its defaults, so none may leak in.
 SCRIPT_KNOBS = ("NPROC_PER_NODE", "MAX_RESTARTS", "RDZV_PORT", "RDZV_HOST", "TORCHRUN", "MINGPT_REPO",
-                "OMP_NUM_THREADS", "LOGLEVEL", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "RANK", "WORLD_SIZE")
+                "OMP_NUM_THREADS", "LOGLEVEL", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "RANK", "WORLD_SIZE",
+                "REPLICA_GROUPS", "MIN_REPLICA_GROUPS", "LIGHTHOUSE_PORT")
 
 
 def submitting_environment() -> dict:
@@ -78,6 +82,7 @@ class SlurmJob:
     output: str
     snapshot: Path
     killed_pids: list
+    env: dict = dataclasses.field(default_factory=dict)
 
 
 @pytest.fixture(scope="class")
@@ -91,27 +96,29 @@ def slurm_cluster(tmp_path_factory):
 
 
 def submit_and_wait(cluster: SlurmCluster, text_file: Path, submit_dir: Path, kill_on: str = "",
-                    **overrides) -> SlurmJob:
-    """`sbatch slurm/sbatch_run.sh <tiny overrides>`, run to its end; with kill_on, SIGKILL the
-    training process on node n2 as soon as that text appears in the job's output.
+                    env: Optional[dict] = None, **overrides) -> SlurmJob:
+    """`sbatch slurm/sbatch_run.sh <tiny overrides>`, run to its end, with the script's knobs in env;
+    with kill_on (a regular expression), SIGKILL the training process on node n2 as soon as the
+    job's output matches it.
 
     Submitted from a directory outside the repository, so the script must find mingpt/main.py
     itself, with the test's interpreter on PATH as an activated venv would put it.
     """
     snapshot = submit_dir / "snap.pt"
     args = ["--cpus-per-task=1", SBATCH_RUN, *tiny_overrides(text_file, snapshot, **overrides)]
-    job_id = cluster.sbatch(args, cwd=submit_dir,
-                            env={**submitting_environment(), "RDZV_PORT": str(free_port())})
+    env = {"RDZV_PORT": str(free_port()), **(env or {})}
+    job_id = cluster.sbatch(args, cwd=submit_dir, env={**submitting_environment(), **env})
     output = submit_dir / f"slurm-{job_id}.out"  # the script's default --output, in the submit dir
     killed = []
     if kill_on:
-        wait_for(lambda: kill_on in read(output) or cluster.job(job_id)["JobState"] in TERMINAL_JOB_STATES,
+        wait_for(lambda: (re.search(kill_on, read(output))
+                          or cluster.job(job_id)["JobState"] in TERMINAL_JOB_STATES),
                  240, f"{kill_on!r} in {output}")
         killed = cluster.training_processes(job_id, "n2")
         for pid in killed:
             os.kill(pid, signal.SIGKILL)
     fields = cluster.wait_job(job_id, timeout=300)
-    return SlurmJob(job_id, fields, read(output), snapshot, killed)
+    return SlurmJob(job_id, fields, read(output), snapshot, killed, env)
 
 
 @pytest.fixture(scope="class")
@@ -223,6 +230,55 @@ class TestSlurm:
         assert resumed_at > job.output.index("Snapshot saved at epoch 1")
         trained_after = sorted({epoch for _, epoch, _, _ in losses(job.output[resumed_at:])})
         assert trained_after == [2], "the restart did not go on with the second epoch alone"
+
+
+@pytest.fixture(scope="class")
+def fault_tolerant_job(slurm_cluster, text_file, tmp_path_factory) -> SlurmJob:
+    """REPLICA_GROUPS=1: n1 and n2 each a replica group of one rank, meeting at the lighthouse the
+    script starts; once both train in one quorum, group 1's training process (on n2) is SIGKILLed:
+    group 0 goes on alone, torchrun restarts group 1's worker, which heals from group 0.
+
+    Steps slowed to about 0.1 s (tests/workers/fault_injection.py's SLOW, run as the script's
+    main.py through MINGPT_REPO): group 0 must still be training when group 1's restart, slow on
+    this loaded machine, comes back. A sleep, not a longer run: it leaves the CPU to that restart."""
+    repo = tmp_path_factory.mktemp("repo")
+    (repo / "mingpt").mkdir()
+    (repo / "mingpt" / "main.py").symlink_to(WORKER_SCRIPTS / "fault_injection.py")
+    env = {"REPLICA_GROUPS": "1", "LIGHTHOUSE_PORT": str(free_port()), "MINGPT_REPO": str(repo),
+           "SLOW": "compute:0.05:1", "SLOW_RANK": "all"}
+    both_training = r"\(2 of 2\)[\s\S]*\[replica 1\] \[RANK0\] Epoch \d+ \| Iter [1-9]\d* \|"
+    return submit_and_wait(slurm_cluster, text_file, tmp_path_factory.mktemp("submit"), kill_on=both_training,
+                           env=env, trainer_config__max_epochs=100, trainer_config__max_steps=700,
+                           trainer_config__ft_timeout_s=5, trainer_config__eval_batches=2)
+
+
+class TestSlurmFaultTolerant:
+    def test_each_node_a_replica_group_that_outlives_the_loss_of_the_other(self, fault_tolerant_job):
+        job = fault_tolerant_job
+        out = job.output
+        assert job.fields["JobState"] == "COMPLETED", f"{job.fields}\n{out}"
+        assert job.fields["ExitCode"] == "0:0", job.fields
+        # The lighthouse on the head node's cluster address (the rendezvous line's), and how to restart it.
+        head = re.escape(re.search(r"rendezvous \S+ at (\S+):\d+", out).group(1))
+        port = job.env["LIGHTHOUSE_PORT"]
+        lighthouse = re.search(
+            rf"\[mingpt-ddp\] Lighthouse: http://{head}:{port} \(pid (\d+)\); if it dies, start it again "
+            rf"on n1 with: \S+/torchft_lighthouse --bind {head}:{port} --min_replicas 1, then restart the "
+            r"replica groups", out)
+        assert lighthouse, out
+        # The kill cost group 1 its worker, which torchrun restarted and which healed from group 0.
+        assert len(job.killed_pids) == 1, f"expected one training process on n2 to kill:\n{out}"
+        assert f"failed (exitcode: -9) local_rank: 0 (pid: {job.killed_pids[0]})" in out, out
+        assert re.search(r"\[replica 0\] Replica group\(s\) 1 left at step \d+", out), out
+        assert re.search(r"\[replica 1\] Healed from replica group 0 at step \d+", out), out
+        # Group 0 went on: never back to a snapshot.
+        assert "[replica 0] Resuming training from snapshot" not in out, out
+        for group, node in enumerate(("n1", "n2")):
+            assert f"[replica {group}] Finished: epoch" in out, out
+            assert f"[mingpt-ddp] replica group {group} ({node}): torchrun exited with status 0" in out, out
+        # The lighthouse ended with the job.
+        pid = int(lighthouse.group(1))
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
 # -- two hosts ----------------------------------------------------------------------------------
