@@ -119,6 +119,7 @@ class Replicas:
         self._progress = None
         self._quorum_done_at = time.monotonic()
         self._first_quorum = True
+        self._healed = False
 
     @classmethod
     def open(cls, settings: ReplicaSettings, env: DistEnv) -> "Replicas":
@@ -200,6 +201,7 @@ class Replicas:
             scaler.load_state_dict(received["scaler"])
             for name, value in received["progress"].items():
                 setattr(progress, name, value)
+            self._healed = True
             log.info(f"Healed from replica group {received['group']} at step {progress.step}: its model, "
                      "optimizer and position, fetched live, not the last snapshot")
 
@@ -210,9 +212,28 @@ class Replicas:
 
     def __enter__(self) -> "Replicas":
         if self.active:
-            self._quorum()
+            self._quorum(say=False)
+            self._gather_every_group()
+            self._say_membership(before=())
             self._pending_quorum = True  # the first step's: zero_grad starts none
         return self
+
+    GATHER_POLL_S = 0.5
+
+    def _gather_every_group(self) -> None:
+        """At the run's start, wait (up to ft_quorum_timeout_s) until every group is in the quorum:
+        groups start at different speeds, and one ready first would otherwise train alone while the
+        others import torch, their share of those steps skipped. A group that healed joins a run
+        under way and goes on at once."""
+        missing = set(range(self.settings.groups)) - set(self.members)
+        if self._healed or not missing:
+            return
+        log.info(f"Waiting for replica group(s) {names(sorted(missing))} to start (at most "
+                 f"{self.settings.quorum_timeout_s:g} s: trainer_config.ft_quorum_timeout_s)")
+        deadline = time.monotonic() + self.settings.quorum_timeout_s
+        while len(self.members) < self.settings.groups and not self._healed and time.monotonic() < deadline:
+            time.sleep(self.GATHER_POLL_S)
+            self._quorum(say=False)
 
     def __exit__(self, *exc_info) -> None:
         if self.active:
@@ -225,13 +246,14 @@ class Replicas:
             return
         self._quorum()
 
-    def _quorum(self) -> None:
+    def _quorum(self, say: bool = True) -> None:
         try:
             self.manager.start_quorum()
         except Exception as error:
             raise MinGPTError(self._no_quorum(error)) from None
         before, self.members = self.members, self.process_group.members or self.members
-        self._say_membership(before)
+        if say:
+            self._say_membership(before)
         self._quorum_done_at = time.monotonic()
 
     def _no_quorum(self, error: Exception) -> str:

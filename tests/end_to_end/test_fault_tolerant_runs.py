@@ -192,7 +192,7 @@ def test_a_lost_lighthouse_ends_each_group_in_one_line_that_says_what_to_do(text
 
 
 def test_launch_starts_the_lighthouse_and_the_groups_and_a_killed_worker_heals(text_file, tmp_path):
-    overrides = tiny_overrides(text_file, tmp_path / "snap.pt", trainer_config__max_steps=400,
+    overrides = tiny_overrides(text_file, tmp_path / "snap.pt", trainer_config__max_steps=800,
                                trainer_config__eval_batches=2, trainer_config__ft_timeout_s=FT_TIMEOUT_S)
     log = tmp_path / "launch.log"
     launcher = subprocess.Popen([sys.executable, MINGPT / "launch.py", "--replica-groups", "2", *overrides],

@@ -1,0 +1,24 @@
+"""bench/bench_ft.py, small: a tiny model, both parts, each figure where the report says."""
+import json
+import sys
+
+import pytest
+from helpers import REPO, assert_ok, run
+
+pytestmark = pytest.mark.slow
+
+
+def test_reports_the_overhead_and_what_a_failure_costs_in_each_mode(tmp_path, text_file):
+    report = tmp_path / "ft.json"
+    result = run([sys.executable, REPO / "bench" / "bench_ft.py", "--repeats", "1", "--steps", "5", "--warmup", "2",
+                  "--save-every", "10", "--kill-at", "15", "--after-kill", "200", "--ft-timeout", "5",
+                  "--json", report, f"data_config.path={text_file}", "data_config.truncate=1.0", "data_config.block_size=64",
+                  "gpt_config.n_layer=2", "gpt_config.n_head=2", "gpt_config.n_embd=128"], timeout=600)
+    assert_ok(result)
+    figures = json.loads(report.read_text())
+    assert len(figures["overhead"]["ddp_step_s"]) == len(figures["overhead"]["ft_step_s"]) == 1
+    elastic, ft = figures["failure"]["elastic"], figures["failure"]["ft"]
+    assert elastic["rank0_resumed"] and elastic["samples_skipped"] == 0
+    assert elastic["steps_trained_again"] == elastic["killed_in_step"] - 1 - 10  # back to the snapshot of step 10
+    # The survivor went on; the restarted group healed from it.
+    assert ft["healed"] and not ft["rank0_resumed"] and ft["steps_trained_again"] == 0 and ft["samples_skipped"] > 0
