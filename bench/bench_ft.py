@@ -200,15 +200,20 @@ def failure(args: argparse.Namespace, folder: Path, mode: str) -> dict:
     step_s = statistics.median(b - a for a, b in zip(before[-10:], before[-9:]))
     steps = [step for step, _ in times]
     trained_again = len(steps) - len(set(steps))
+    # The time the failure cost in all: from step kill_at to the run's end, beyond that many steps
+    # at the pace before the kill (the stall, the restart, the steps trained again, a slower step).
+    last_step, last_arrival = times[-1]
+    before_kill = max(arrival for step, arrival in times if step == in_flight - 1 and arrival <= killed_at)
+    seconds_lost = last_arrival - before_kill - (last_step - (in_flight - 1)) * step_s
     metrics = [json.loads(line) for line in Path(str(snapshot).replace(".pt", ".metrics.jsonl")).read_text().splitlines()]
     skipped = sum(line["samples"] for line in metrics if line["kind"] == "missed")
     row = {"killed_in_step": in_flight, "steps_trained_again": trained_again, "samples_skipped": skipped,
-           "seconds_to_the_step_in_flight": back - killed_at, "step_s": step_s,
+           "seconds_to_the_step_in_flight": back - killed_at, "seconds_lost": seconds_lost, "step_s": step_s,
            "rank0_resumed": any(line.startswith(f"{prefix}Resuming training from snapshot") for _, line in run.lines),
            "healed": "Healed from replica group" in run.text}
     print(f"failure, {mode}: {trained_again} step(s) trained again, {skipped} sample(s) skipped, "
-          f"{row['seconds_to_the_step_in_flight']:.1f} s from the kill to step {in_flight} "
-          f"(a step: {step_s:.2f} s)", flush=True)
+          f"{row['seconds_to_the_step_in_flight']:.1f} s from the kill to step {in_flight}, {seconds_lost:.1f} s "
+          f"lost in all (a step: {step_s:.2f} s)", flush=True)
     return row
 
 
@@ -229,7 +234,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     args, args.overrides = parser.parse_known_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="bench-ft-"))
     print(f"logs in {folder}", flush=True)
-    figures = {"settings": {key: str(value) for key, value in vars(args).items()}}
+    # A part measured alone replaces its own figures in the file and keeps the other's.
+    figures = json.loads(args.json.read_text()) if args.json.exists() and args.part != "both" else {}
+    figures[f"settings_{args.part}"] = {key: str(value) for key, value in vars(args).items()}
     if args.part in ("overhead", "both"):
         figures["overhead"] = overhead(args, folder)
     if args.part in ("failure", "both"):

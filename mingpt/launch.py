@@ -108,6 +108,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 0
 
 
+RESTARTABLE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+"""A group's workers restarted by torchrun often fail to connect ("Gloo connectFullMesh failed") when
+they share its rendezvous's TCP store (pytorch issues 135712, 167288); with a store of their own they
+restart cleanly (slurm/sbatch_run.sh sets the same)."""
 LIGHTHOUSE_WAIT_S = 120
 """How long the lighthouse gets to start answering (it imports torch first: seconds on a laptop)."""
 
@@ -130,7 +134,7 @@ def run_replica_groups(groups: int, min_groups: int, max_restarts: int, nproc: O
                         f"trainer_config.ft_replica_group={group}", *overrides]
             visible = {"CUDA_VISIBLE_DEVICES": ",".join(devices[group])} if devices else {}
             replicas.append(subprocess.Popen(torchrun, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                             env={**os.environ, "PYTHONUNBUFFERED": "1", **visible}))
+                                             env={**RESTARTABLE, **os.environ, "PYTHONUNBUFFERED": "1", **visible}))
             prefix_lines(replicas[-1], f"[replica {group}] ")
         statuses = wait_forwarding_stops(replicas)
     finally:
