@@ -56,7 +56,9 @@ class TrainerConfig:
     grad_accum_steps: int = 1
     """Micro-batches per optimizer step; gradients are synchronised on the last one only."""
     compile: bool = False
-    """torch.compile the model (a large speed-up on recent GPUs; first steps wait for compilation)."""
+    """torch.compile the model (a large speed-up on recent GPUs; first steps wait for compilation). Off by
+    default: on a CPU it measured 0.94x to 1.06x of eager with 12 to 24 s of compiling
+    (docs/performance.md, torch.compile on a CPU)."""
     data_loader_workers: Optional[int] = None
     """DataLoader worker processes per rank (0: load in the training process). Unset: the original's
     4, capped at the CPU cores each rank can spare (data_loader.usable_workers)."""
