@@ -143,7 +143,7 @@ class TrainerConfig:
     0 writing a single-file snapshot alone (to S3, minutes for a large model) while the rest wait."""
     fault_tolerant: bool = False
     """Keep training through a lost replica group (torchft; docs/distributed.md#fault-tolerance): each
-    torchrun is one replica group (ddp among its ranks), the groups meet at torchft's lighthouse at
+    torchrun is one replica group (ddp or hsdp among its ranks), the groups meet at torchft's lighthouse at
     every step, survivors go on without a lost group, and a group that comes back heals from a live
     one. Needs torchft (the ft extra); python launch.py --replica-groups N starts it all."""
     ft_lighthouse: str = ""
@@ -291,7 +291,7 @@ class Trainer:
         self.memory = plan_memory(model.config, placement, config.batch_size, config.activation_checkpointing,
                                   env)  # the step, traced
         check_memory(self.memory, env)  # before anything is allocated
-        method = parallel.Parallelism(config.distributed_method, config.cpu_offload,
+        method = parallel.Parallelism(self.replicas.method_within_group(config.distributed_method), config.cpu_offload,
                                       config.reshard_after_forward, cpu_collectives=env.backend == "gloo")
         self.model = parallel.parallelize(model, method, self.precision, env, compile=config.compile,
                                           comm_hook=self.replicas.comm_hook)
@@ -307,9 +307,12 @@ class Trainer:
         tokens_per_step = tc.batch_size * tc.grad_accum_steps * self.data_env.world_size * self.block_size
         budget = f"{tc.max_steps:,} steps in all" if tc.max_steps else f"{tc.max_epochs} epochs"
         offload = " with CPU offload" if tc.cpu_offload else ""
+        within = self.replicas.method_within_group(tc.distributed_method)
+        method = tc.distributed_method if within == tc.distributed_method else f"{tc.distributed_method} ({within} " \
+            "within each replica group)"
         return [
             f"Model: {parallel.unwrap(self.model).describe()}",
-            f"World: {env.describe()}; {tc.distributed_method}{offload}; {self.precision}; "
+            f"World: {env.describe()}; {method}{offload}; {self.precision}; "
             f"{parallel.local_parameter_bytes(self.model) / 1e6:.1f} MB of parameters per rank",
             f"Memory: {self.memory.describe()}",
             f"Batch: {tc.batch_size} per process x {tc.grad_accum_steps} accumulation, "

@@ -1,13 +1,16 @@
 """Keep training through a lost replica group: step-level fault tolerance on torchft.
 
 A fault-tolerant run (trainer_config.fault_tolerant=true) is several replica groups, each one
-torchrun of one or more ranks (plain DDP among them, on the usual process group), which torchft's
-Manager joins into one data-parallel run:
+torchrun of one or more ranks (DDP among them on the usual process group, or HSDP: the model sharded
+within the group, and within each of its nodes if it spans several), which torchft's Manager joins
+into one data-parallel run:
 
 - torchft's lighthouse (one process the user starts, or launch.py --replica-groups) forms a quorum of
   the live groups at every step. Rank r of each group averages its gradients with rank r of every
   other group in the quorum on a torchft process group, remade whenever the quorum changes: DDP's
-  communication hook (average_gradients) reduces within the group, then across groups.
+  communication hook (average_gradients) reduces within the group, then across groups; under HSDP,
+  FSDP's all-reduce hook (Replicas.average_shard) averages each reduced shard across groups, rank r
+  of every group holding the same shard.
 - A step's update is applied only when its group commits it (Manager.should_commit, behind the
   optimizer: CommittingOptimizer). A group lost in the middle of a step fails that step's collective
   in the survivors, who drop the update (as a GradScaler drops an overflowing step: the step counts,
@@ -83,10 +86,8 @@ class ReplicaSettings:
         check(torchft_installed(), KEY, f"needs torchft, which is not installed: {FT_EXTRA}")
         check(self.method != "fsdp", "trainer_config.distributed_method",
               "fsdp shards every parameter over every rank, so no other replica holds a lost rank's shards "
-              "to heal it from; fault_tolerant needs replicas: use ddp (each replica group one or more ranks)")
-        check(self.method != "hsdp", "trainer_config.distributed_method",
-              "hsdp under fault_tolerant is not built (torchft would replace its replication across nodes, "
-              "and healing would have to move each rank's shards); use ddp")
+              "to heal it from; fault_tolerant needs replicas: use ddp, or hsdp (sharded within each replica "
+              "group, the groups its replicas)")
         check(self.groups >= 1, "trainer_config.ft_replica_groups", f"must be positive, got {self.groups}")
         check(0 <= self.group < self.groups, "trainer_config.ft_replica_group",
               f"must be 0 to {self.groups - 1} (ft_replica_groups={self.groups}), got {self.group}")
@@ -144,12 +145,35 @@ class Replicas:
 
     @property
     def comm_hook(self) -> Optional[Callable[[nn.Module], None]]:
-        """What registers the DDP communication hook that averages gradients within and across groups
-        (parallel.parallelize calls it; None alone)."""
+        """What makes the wrapped model average its gradients across groups too (parallel.parallelize
+        calls it; None alone): DDP's communication hook, or under hsdp FSDP's all-reduce hook."""
         return self._average_gradients if self.active else None
 
-    def _average_gradients(self, ddp: nn.Module) -> None:
-        ddp.register_comm_hook(GradientAverage(self, ddp.module), average_gradients)
+    def _average_gradients(self, model: nn.Module) -> None:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            model.register_comm_hook(GradientAverage(self, model.module), average_gradients)
+            return
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_all_reduce_hook(self.average_shard)
+
+    def average_shard(self, shard: torch.Tensor) -> None:
+        """FSDP's all-reduce hook under hsdp: each FSDP unit's gradient shard, reduced within the group
+        (and across its nodes), averaged with the same shard of every group in the quorum as the
+        backward pass goes (rank r of each group holds the same shard); zeroed when that fails."""
+        self.manager.allreduce(shard).wait()
+        if self.manager.errored():
+            shard.zero_()
+
+    def method_within_group(self, method: str) -> str:
+        """How the group's own ranks hold the model: under hsdp the groups are the replicas, so a
+        group on one machine shards over all its ranks (fsdp's layout), one on several machines is an
+        HSDP of its own (sharded within each machine, replicated across them)."""
+        if self.active and method == "hsdp" and self.env.world_size == self.env.local_world_size:
+            return "fsdp"
+        return method
 
     def committing(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         return CommittingOptimizer(optimizer, self) if self.active else optimizer
@@ -188,7 +212,7 @@ class Replicas:
         optimizer = plain(optimizer)
 
         def state() -> dict[str, Any]:
-            return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            return {"model": local_shards(model.state_dict()), "optimizer": local_shards(optimizer.state_dict()),
                     "scaler": scaler.state_dict(), "progress": progress_fields(progress),
                     "group": self.settings.group, "group_size": self.env.world_size}
 
@@ -196,8 +220,8 @@ class Replicas:
             check(received["group_size"] == self.env.world_size, "trainer_config.fault_tolerant",
                   f"replica group {received['group']} has {received['group_size']} rank(s) and this one "
                   f"{self.env.world_size}; start every replica group with as many ranks")
-            model.load_state_dict(received["model"])
-            optimizer.load_state_dict(received["optimizer"])
+            model.load_state_dict(as_sharded(received["model"], model.state_dict()))
+            optimizer.load_state_dict(optimizer_state_sharded(received["optimizer"], optimizer))
             scaler.load_state_dict(received["scaler"])
             for name, value in received["progress"].items():
                 setattr(progress, name, value)
@@ -450,6 +474,44 @@ def lighthouse_lost(address: str, error: Exception, when: str) -> str:
     return (f"cannot reach the lighthouse at {address} ({when}); start it again (torchft_lighthouse "
             "--bind ... --min_replicas N, as launch.py printed it) and restart the replica groups: they resume "
             f"from the newest snapshot ({type(error).__name__})")
+
+
+def local_shards(state: Any) -> Any:
+    """A state dict as it travels to a healing group: under hsdp each DTensor as this rank's shard
+    (rank r of the other group holds the same one), plain tensors as they are."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(state, DTensor):
+        return state.to_local()
+    if isinstance(state, dict):
+        return {key: local_shards(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(local_shards(value) for value in state)
+    return state
+
+
+def as_sharded(received: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
+    """Received local shards as DTensors laid out as the live state's (which load_state_dict expects
+    under hsdp); plain tensors as they came."""
+    from torch.distributed.tensor import DTensor
+
+    def like(value: Any, model: Any) -> Any:
+        if isinstance(model, DTensor) and not isinstance(value, DTensor):
+            return DTensor.from_local(value.to(model.device), model.device_mesh, model.placements,
+                                      run_check=False, shape=model.shape, stride=model.stride())
+        return value
+
+    return {key: like(value, live.get(key)) for key, value in received.items()}
+
+
+def optimizer_state_sharded(received: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's received state, each parameter's tensors laid out as the parameter (a joining
+    group's optimizer may hold no state yet to copy the layout from); its step counters as they came."""
+    params = [param for group in optimizer.param_groups for param in group["params"]]
+    state = {index: as_sharded(values, {name: params[index] for name, value in values.items()
+                                        if torch.is_tensor(value) and value.dim() > 0})
+             for index, values in received["state"].items()}
+    return {**received, "state": state}
 
 
 def names(groups) -> str:

@@ -86,7 +86,7 @@ class Parallelism:
 
 
 def parallelize(model: nn.Module, parallelism: Parallelism, precision: Precision, env: DistEnv,
-                compile: bool = False, comm_hook: Optional[Callable[[DDP], None]] = None) -> nn.Module:
+                compile: bool = False, comm_hook: Optional[Callable[[nn.Module], None]] = None) -> nn.Module:
     """Put the model on this rank's device and wrap it for data-parallel training.
 
     model: built on the meta device, to be materialised here (each rank only its part under FSDP),
@@ -95,15 +95,18 @@ def parallelize(model: nn.Module, parallelism: Parallelism, precision: Precision
     module the wrapper will hold, as torch's documentation advises: the whole model under DDP; each
     transformer block under FSDP, before it is sharded, so that FSDP's all-gather and reduce-scatter
     hooks run around compiled blocks rather than inside one compiled graph.
-    comm_hook: registers DDP's communication hook on the wrapped model, in place of its all-reduce:
-    fault tolerance's, which also averages across replica groups (fault_tolerance.py). With one, a
+    comm_hook: makes the wrapped model average its gradients across replica groups too (fault
+    tolerance's: fault_tolerance.py), DDP's communication hook or FSDP's all-reduce hook. With one, a
     world of one rank is wrapped in DDP too.
     """
     if parallelism.method in SHARDED_METHODS:
         if compile:
             for block in model.blocks:
                 block.compile()
-        return _shard(model, parallelism, precision, env)
+        sharded = _shard(model, parallelism, precision, env)
+        if comm_hook is not None:
+            comm_hook(sharded)
+        return sharded
     if compile:
         model.compile()
     if on_meta(model):

@@ -30,7 +30,6 @@ def on(**keys) -> ReplicaSettings:
 @pytest.mark.parametrize("keys, line", [
     (dict(method="fsdp"), "trainer_config.distributed_method: fsdp shards every parameter over every rank, so no "
                           "other replica holds a lost rank's shards to heal it from"),
-    (dict(method="hsdp"), "trainer_config.distributed_method: hsdp under fault_tolerant is not built"),
     (dict(group=2, groups=2), "trainer_config.ft_replica_group: must be 0 to 1 (ft_replica_groups=2), got 2"),
     (dict(groups=2, min_groups=3), "trainer_config.ft_min_replica_groups: must be 1 to ft_replica_groups=2, got 3"),
     (dict(timeout_s=0), "trainer_config.ft_timeout_s: must be positive, got 0"),
@@ -215,3 +214,73 @@ def test_launch_gives_each_group_its_own_gpus(monkeypatch):
         launch.group_devices(5)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert launch.group_devices(2) == []
+
+
+def test_under_hsdp_a_group_on_one_machine_shards_over_it_all():
+    alone = replicas_of(0, 2)
+    assert alone.method_within_group("hsdp") == "fsdp" and alone.method_within_group("ddp") == "ddp"
+    two_machines = replicas_of(0, 2, rank=0, ranks=4)
+    two_machines.env = dataclasses.replace(two_machines.env, local_world_size=2)
+    assert two_machines.method_within_group("hsdp") == "hsdp"
+    off = Replicas(ReplicaSettings(), two_machines.env)
+    assert off.method_within_group("hsdp") == "hsdp"  # without the mode, hsdp is the usual one
+
+
+def hsdp_gpt(world_of_one, seed: int):
+    """A small GPT as a group of one machine holds it under hsdp (each parameter a DTensor shard: a
+    world of one here), with its reference copy."""
+    from mingpt.distributed.parallel import Parallelism, parallelize
+    from mingpt.distributed.precision import Precision
+    from mingpt.model import GPT, GPTConfig
+
+    torch.manual_seed(seed)
+    config = GPTConfig(n_layer=2, n_head=1, n_embd=8, vocab_size=5, block_size=4, embd_pdrop=0.0, resid_pdrop=0.0,
+                       attn_pdrop=0.0)
+    model, reference = GPT(config), GPT(config)
+    reference.load_state_dict(model.state_dict())
+    return model, reference, Parallelism("fsdp", cpu_collectives=True), Precision("cpu", None)
+
+
+@pytest.mark.parametrize("errors", [False, True])
+def test_under_hsdp_each_gradient_shard_is_averaged_across_groups(world_of_one, errors):
+    """FSDP's all-reduce hook: every shard of every unit goes through the Manager's all-reduce in the
+    backward pass (here across 2 groups whose other is all zeros: halved); a failed one leaves zeros."""
+    from mingpt.distributed.parallel import parallelize
+
+    model, reference, method, precision = hsdp_gpt(world_of_one, seed=0)
+    replicas = replicas_of(0, 2)
+    replicas.env = world_of_one
+    replicas.manager = HalvingManager(errors)
+    model = parallelize(model, method, precision, world_of_one, comm_hook=replicas.comm_hook)
+    x = torch.randint(0, 5, (3, 4))
+    model(x, x)[1].backward()
+    reference(x, x)[1].backward()
+    assert len(replicas.manager.reduced) == 3  # one reduce per FSDP unit: the 2 blocks and the root
+    for (name, param), expected in zip(model.named_parameters(), reference.parameters()):
+        want = torch.zeros_like(expected) if errors else expected.grad / 2
+        torch.testing.assert_close(param.grad.to_local(), want, msg=lambda text: f"{name}: {text}")
+
+
+def test_under_hsdp_a_joining_group_heals_its_shards_and_optimizer_state(world_of_one):
+    """What a live group sends (each DTensor as its local shard) loads into a fresh sharded model and
+    an optimizer that has not stepped yet: the same weights, the same AdamW moments."""
+    from mingpt.distributed.parallel import parallelize
+
+    live, _, method, precision = hsdp_gpt(world_of_one, seed=0)
+    fresh, _, _, _ = hsdp_gpt(world_of_one, seed=1)
+    live, fresh = (parallelize(model, method, precision, world_of_one) for model in (live, fresh))
+    live_optimizer, fresh_optimizer = (torch.optim.AdamW(model.parameters(), lr=0.1) for model in (live, fresh))
+    x = torch.randint(0, 5, (3, 4))
+    live(x, x)[1].backward()
+    live_optimizer.step()
+    sent = {"model": fault_tolerance.local_shards(live.state_dict()),
+            "optimizer": fault_tolerance.local_shards(live_optimizer.state_dict())}
+    assert not any(hasattr(value, "device_mesh") for value in sent["model"].values())
+    fresh.load_state_dict(fault_tolerance.as_sharded(sent["model"], fresh.state_dict()))
+    fresh_optimizer.load_state_dict(fault_tolerance.optimizer_state_sharded(sent["optimizer"], fresh_optimizer))
+    for (name, mine), theirs in zip(fresh.named_parameters(), live.parameters()):
+        assert torch.equal(mine.to_local(), theirs.to_local()), name
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(fresh_optimizer.state[mine][key].to_local(), live_optimizer.state[theirs][key].to_local())
+    fresh(x, x)[1].backward()
+    fresh_optimizer.step()  # the healed state is usable as it is

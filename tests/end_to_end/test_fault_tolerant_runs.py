@@ -151,6 +151,29 @@ def test_a_group_killed_mid_run_and_again_while_healing_costs_the_survivor_at_mo
         assert torch.equal(tensor, rejoined_weights[name]), name
 
 
+def test_under_hsdp_a_group_killed_mid_run_heals_its_shards_from_a_live_one(text_file, tmp_path, lighthouse):
+    """distributed_method=hsdp: each group shards the model over its ranks (one here), and a restarted
+    group fetches its shards and their optimizer state from the live group; both end equal."""
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    overrides = [*overrides_for(text_file, tmp_path, lighthouse.address, steps=300),
+                 "trainer_config.distributed_method=hsdp"]
+    env = {**SLOW, "FINAL_WEIGHTS": str(weights)}
+    survivor = Group(0, tmp_path / "group0.log", overrides, env)
+    victim = Group(1, tmp_path / "group1.log", overrides, env)
+    victim.wait_for(r"\| Iter 40 \|")
+    victim.kill()
+    rejoined = Group(1, tmp_path / "group1-rejoined.log", overrides, env)
+    assert survivor.finish() == 0, survivor.output
+    assert rejoined.finish() == 0, rejoined.output
+    assert "; hsdp (fsdp within each replica group); " in survivor.output  # sharded within the group
+    assert "Resuming" not in survivor.output and re.search(r"Replica group\(s\) 1 left at step", survivor.output)
+    assert re.search(r"Healed from replica group 0 at step \d+", rejoined.output), rejoined.output
+    survivor_weights, rejoined_weights = (torch.load(weights / f"group{g}.pt") for g in (0, 1))
+    for name, tensor in survivor_weights.items():
+        assert torch.equal(tensor, rejoined_weights[name]), name
+
+
 def steps_away(output: str, last_step: int) -> set[int]:
     """The steps group 1 was not in the survivor's quorum, from the survivor's lines."""
     present = "Replica groups 0, 1 (2 of 2) train from step 1" in output

@@ -25,7 +25,8 @@ def save_final_weights(folder: str) -> None:
 
     def train(self):
         original(self)
-        state = {name: tensor.detach().clone() for name, tensor in unwrap(self.model).state_dict().items()}
+        state = {name: fault_tolerance.local_shards(tensor).detach().clone()  # under hsdp this rank's shards
+                 for name, tensor in unwrap(self.model).state_dict().items()}
         torch.save(state, Path(folder) / f"group{self.config.ft_replica_group}.pt")
 
     Trainer.train = train
