@@ -10,7 +10,7 @@ pytestmark = pytest.mark.slow
 
 def test_reports_the_overhead_and_what_a_failure_costs_in_each_mode(tmp_path, text_file):
     report = tmp_path / "ft.json"
-    result = run([sys.executable, REPO / "bench" / "bench_ft.py", "--repeats", "1", "--steps", "5", "--warmup", "2",
+    result = run([sys.executable, REPO / "bench" / "bench_ft.py", "--repeats", "1", "--steps", "3", "--warmup", "1",
                   "--save-every", "10", "--kill-at", "15", "--after-kill", "200", "--ft-timeout", "5",
                   "--json", report, f"data_config.path={text_file}", "data_config.truncate=1.0", "data_config.block_size=64",
                   "gpt_config.n_layer=2", "gpt_config.n_head=2", "gpt_config.n_embd=128"], timeout=600)
