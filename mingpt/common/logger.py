@@ -26,11 +26,21 @@ class _Formatter(logging.Formatter):
 
 
 class _Console(logging.StreamHandler):
-    """stdout, with an optional status line kept below the log lines on a terminal."""
+    """stdout, with an optional status line kept below the log lines on a terminal. The stdout of the
+    moment of each line, not of the handler's making: one replaced since (a test's capture, closed
+    when that test ended; a redirection) would otherwise get the line, or fail with a traceback."""
 
     def __init__(self):
-        super().__init__(sys.stdout)
+        super().__init__()
         self.status = ""
+
+    @property
+    def stream(self):
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass  # always sys.stdout as it is now
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.status:
