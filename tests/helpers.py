@@ -180,6 +180,18 @@ def run_main(args: list, cwd: Path = REPO, nproc: Optional[int] = None, env: Opt
     return run([*launcher, script, *args], cwd=cwd, env=env)
 
 
+def command_in_process(main, capsys, *args) -> subprocess.CompletedProcess:
+    """A command's main(args) in this process (generate.py's, hellaswag.py's): its exit status and
+    what it said."""
+    try:
+        main([str(arg) for arg in args])
+        status = 0
+    except SystemExit as exit_:
+        status = exit_.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, status, out, err)
+
+
 def run_main_in_process(args: list, capsys) -> subprocess.CompletedProcess:
     """main.py's run() in this process, on the config Hydra composes from args: what a run does or
     refuses, without a process's start-up (seconds of imports), for tests of the run rather than of

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from helpers import MINGPT, REPO, assert_ok, run
+from helpers import MINGPT, REPO, assert_ok, command_in_process, run
 
 from mingpt import generate
 
@@ -30,13 +30,8 @@ def run_generate(*args, cwd=REPO, script=MINGPT / "generate.py"):
 
 def generate_in_process(capsys, *args) -> tuple[int, str, str]:
     """(exit status, stdout, stderr) of generate.main(args)."""
-    try:
-        generate.main([str(a) for a in args])
-        status = 0
-    except SystemExit as exit_:
-        status = exit_.code
-    out, err = capsys.readouterr()
-    return status, out, err
+    done = command_in_process(generate.main, capsys, *args)
+    return done.returncode, done.stdout, done.stderr
 
 
 def one_error_line(status: int, stderr: str, stdout: str = "") -> str:

@@ -11,6 +11,7 @@ from helpers import (
     MINGPT,
     TORCHRUN,
     assert_ok,
+    command_in_process,
     hellaswag_items,
     make_gpt2_folder,
     make_text,
@@ -41,13 +42,7 @@ def data(tmp_path_factory):
 
 def in_process(capsys, *args) -> subprocess.CompletedProcess:
     """hellaswag.main(args) in this process: its exit status and what it said."""
-    try:
-        hellaswag.main([str(arg) for arg in args])
-        status = 0
-    except SystemExit as exit_:
-        status = exit_.code
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(args, status, out, err)
+    return command_in_process(hellaswag.main, capsys, *args)
 
 
 def result_of(output: str) -> tuple[float, int, int, str]:
