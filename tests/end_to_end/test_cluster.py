@@ -269,9 +269,9 @@ class TestSlurmFaultTolerant:
         # The kill cost group 1 its worker, which torchrun restarted and which healed from group 0.
         assert len(job.killed_pids) == 1, f"expected one training process on n2 to kill:\n{out}"
         assert re.search(r"\[replica 1\] .*failed \(exitcode: -9\) local_rank: 0", out), out
-        # The survivor lost the step in flight; it saw the group leave, unless torchrun's restart came
-        # back within the lighthouse's heartbeat timeout (5 s), when the group never left its quorum.
-        assert re.search(r"\[replica 0\] (Replica group\(s\) 1 left at step|Step) \d+", out), out
+        # What the survivor says depends on timing (the group leaving, a step not committed, or nothing
+        # when the restart came back within the lighthouse's 5 s heartbeat timeout between two steps):
+        # tests/end_to_end/test_fault_tolerant_runs.py asserts those lines under controlled timing.
         assert re.search(r"\[replica 1\] Healed from replica group 0 at step \d+", out), out
         # Group 0 went on: never back to a snapshot.
         assert "[replica 0] Resuming training from snapshot" not in out, out

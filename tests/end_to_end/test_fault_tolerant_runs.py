@@ -236,9 +236,9 @@ def test_launch_starts_the_lighthouse_and_the_groups_and_a_killed_worker_heals(t
                     r"torchft_lighthouse --bind 127\.0\.0\.1:\d+ --min_replicas 1, then restart the replica groups",
                     output), output
     assert re.search(r"\[replica 1\] Healed from replica group 0 at step \d+", output), output
-    # The survivor lost the step in flight; it saw the group leave, unless torchrun's restart came back
-    # within the lighthouse's heartbeat timeout (5 s), when the group never left its quorum.
-    assert re.search(r"\[replica 0\] (Replica group\(s\) 1 left at step|Step) \d+", output), output
+    # What the survivor says depends on timing: the group leaving, a step not committed, or nothing at
+    # all when torchrun's restart came back within the lighthouse's heartbeat timeout (5 s) between two
+    # steps. Those lines are asserted under controlled timing in the first test of this file.
     assert output.count("Finished: epoch") == 2
     lighthouse_pid = int(re.match(r"Lighthouse: \S+ \(pid (\d+)\)", output).group(1))
     assert not psutil.pid_exists(lighthouse_pid) or psutil.Process(lighthouse_pid).status() == psutil.STATUS_ZOMBIE
