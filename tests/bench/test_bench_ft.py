@@ -20,5 +20,8 @@ def test_reports_the_overhead_and_what_a_failure_costs_in_each_mode(tmp_path, te
     elastic, ft = figures["failure"]["elastic"], figures["failure"]["ft"]
     assert elastic["rank0_resumed"] and elastic["samples_skipped"] == 0
     assert elastic["steps_trained_again"] == elastic["killed_in_step"] - 1 - 10  # back to the snapshot of step 10
-    # The survivor went on; the restarted group healed from it.
-    assert ft["healed"] and not ft["rank0_resumed"] and ft["steps_trained_again"] == 0 and ft["samples_skipped"] > 0
+    # The survivor went on; the restarted group healed from it. What it skipped depends on where the kill
+    # fell: in a step, that step's update is dropped; between two steps, a group back within the
+    # lighthouse's heartbeat timeout joins the next quorum and nothing is skipped (seen in a CI run).
+    assert ft["healed"] and not ft["rank0_resumed"] and ft["steps_trained_again"] == 0
+    assert ft["samples_skipped"] % 8 == 0  # whole shares of --batch-size samples
