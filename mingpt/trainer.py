@@ -242,27 +242,28 @@ class Trainer:
         self.train_loader = self._prepare_dataloader(train_dataset, train=True)
         self.test_loader = self._prepare_dataloader(test_dataset, train=False) if test_dataset else None
         self.checkpointer = Checkpointer(config.snapshot_policy(), env, vocab)
-        self.guard = RunGuard(env, config.hang_timeout_s, self.checkpointer.folder, self.checkpointer.kept,
-                              compiled=config.compile, scaled=self.scaler.is_enabled(),
-                              spike=control.SpikeRule(config.loss_spike_ratio, config.loss_spike_steps),
-                              stop_signals=config.stop_signals, save_every_minutes=config.save_every_minutes)
-        """The hang watchdog, the divergence watch and the step agreement (distributed/guard.py)."""
-        watch = self.guard.watch
-        if watch.active:  # alone, no rank to compare with: no step is timed
-            watch.clock.time_arrival_at(parallel.unwrap(self.model).input_parameters())
-        self.progress = self._load_snapshot()
-        self.replicas.keep(self.model, self.optimizer, self.scaler, self.progress)  # what a joining group heals
-        self.steps_per_epoch = len(self.train_loader)
-        self.total_steps = self._planned_steps()
-        self.report = RunReport.open(config.report_settings(), env, self.precision.matmul_dtype,
-                                     model.flops_per_token(), self.total_steps, self.progress.step,
-                                     watch.rank_times)
-        peak = self.report.monitor.peak_flops  # rank 0's, who warns
-        tokens_per_rank = config.batch_size * config.grad_accum_steps * self.block_size
-        step_flops = model.flops_per_token() * tokens_per_rank
-        self.step_estimate_s = step_flops / (ASSUMED_MFU * peak) if peak else 0.0
-        """A step's time before any is measured (0: unknown)."""
-        watch.check_timeout(self.step_estimate_s)
+        with self.checkpointer.released_on_error():  # a start-up that fails gives the path back
+            self.guard = RunGuard(env, config.hang_timeout_s, self.checkpointer.folder, self.checkpointer.kept,
+                                  compiled=config.compile, scaled=self.scaler.is_enabled(),
+                                  spike=control.SpikeRule(config.loss_spike_ratio, config.loss_spike_steps),
+                                  stop_signals=config.stop_signals, save_every_minutes=config.save_every_minutes)
+            """The hang watchdog, the divergence watch and the step agreement (distributed/guard.py)."""
+            watch = self.guard.watch
+            if watch.active:  # alone, no rank to compare with: no step is timed
+                watch.clock.time_arrival_at(parallel.unwrap(self.model).input_parameters())
+            self.progress = self._load_snapshot()
+            self.replicas.keep(self.model, self.optimizer, self.scaler, self.progress)  # what a joining group heals
+            self.steps_per_epoch = len(self.train_loader)
+            self.total_steps = self._planned_steps()
+            self.report = RunReport.open(config.report_settings(), env, self.precision.matmul_dtype,
+                                         model.flops_per_token(), self.total_steps, self.progress.step,
+                                         watch.rank_times)
+            peak = self.report.monitor.peak_flops  # rank 0's, who warns
+            tokens_per_rank = config.batch_size * config.grad_accum_steps * self.block_size
+            step_flops = model.flops_per_token() * tokens_per_rank
+            self.step_estimate_s = step_flops / (ASSUMED_MFU * peak) if peak else 0.0
+            """A step's time before any is measured (0: unknown)."""
+            watch.check_timeout(self.step_estimate_s)
 
     def _prepare_dataloader(self, dataset: Dataset, train: bool) -> DataLoader:
         """The original's _prepare_dataloader: this rank's share of a split, in the global order of
@@ -342,7 +343,8 @@ class Trainer:
         (under fault tolerance, replica group 0's metrics: one tracked run)."""
         if self.config.fault_tolerant and self.config.ft_replica_group:
             return
-        self.report.track(config, self.checkpointer.folder, self.progress, run_config, summary)
+        with self.checkpointer.released_on_error():
+            self.report.track(config, self.checkpointer.folder, self.progress, run_config, summary)
 
     def train(self) -> None:
         """Epochs until the budget (max_epochs, or max_steps) is spent; raises RunStopped when a

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -184,6 +185,9 @@ def test_snapshot_of_another_model_is_refused_and_untouched(text_file, trained_s
     assert one_error_line(result).startswith("error: snapshot")
     assert "another model: n_layer=2 (config: 3)" in result.stderr
     assert sha256(trained_snapshot) == before
+    # The refused start-up gave the path back: no lease left, nor a thread refreshing it.
+    assert not trained_snapshot.with_suffix(".lease.json").exists()
+    assert "mingpt-lease" not in [thread.name for thread in threading.enumerate()]
 
 
 def test_snapshot_of_another_vocabulary_is_refused(text_file, tmp_path, trained_snapshot, capsys):

@@ -269,6 +269,16 @@ class Checkpointer:
             raise error or SnapshotError(first)
 
     @contextlib.contextmanager
+    def released_on_error(self) -> Iterator[None]:
+        """A start-up that fails once the lease is taken (a refused snapshot, a tracker) releases it
+        there: the process may go on (a sweep's next job, a notebook, a test) and no refresher is left."""
+        try:
+            yield
+        except BaseException:
+            self.release()
+            raise
+
+    @contextlib.contextmanager
     def finished_on_error(self) -> Iterator[None]:
         """When training fails, the background save in flight is still finished (it is whole or not
         there: the write is atomic) before the process goes on to exit; the training error is the
