@@ -15,9 +15,10 @@ snapshot was written at the stop and exits with status 1.
     python launch.py --replica-groups N [--nproc N] [--min-replica-groups M] [hydra overrides ...]
 
 A fault-tolerant run on this machine (trainer_config.fault_tolerant; docs/distributed.md): torchft's
-lighthouse on 127.0.0.1 (its address and command printed first), then one torchrun per replica
-group, each restarting its workers after a failure (--max-restarts) so that a lost group comes back
-and heals from the others. Each group's lines are prefixed with its number.
+lighthouse on 127.0.0.1 (its address and command printed first), then one launcher as above per
+replica group, each restarting its workers after a failure (--max-restarts) so that a lost group
+comes back and heals from the others. Each group's lines are prefixed with its number. A stop signal
+reaches every group, each stopping as above; this launcher then exits with their status.
 """
 import os
 import signal
@@ -76,19 +77,21 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="a fault-tolerant run of N replica groups (torchft): a lighthouse and one torchrun each")
     parser.add_argument("--min-replica-groups", type=int, default=1, metavar="M",
                         help="with --replica-groups: train only while M or more groups are live (default 1)")
-    parser.add_argument("--max-restarts", type=int, default=3, metavar="R",
-                        help="with --replica-groups: times each group's torchrun restarts its workers (default 3)")
+    parser.add_argument("--max-restarts", type=int, default=None, metavar="R",
+                        help="times torchrun restarts failed workers (default 0; with --replica-groups, "
+                        f"each group's, default {GROUP_RESTARTS})")
     args, overrides = parser.parse_known_args(argv)
     if args.nproc is not None and args.nproc < 1:
         parser.error("--nproc must be at least 1")
     if args.replica_groups is not None:
         if not 1 <= args.min_replica_groups <= args.replica_groups:
             parser.error("--replica-groups must be at least 1, and --min-replica-groups 1 to --replica-groups")
-        return run_replica_groups(args.replica_groups, args.min_replica_groups, args.max_restarts, args.nproc,
-                                  overrides)
+        restarts = GROUP_RESTARTS if args.max_restarts is None else args.max_restarts
+        return run_replica_groups(args.replica_groups, args.min_replica_groups, restarts, args.nproc, overrides)
     nproc = worker_count(args.nproc)
     launcher_args = get_args_parser().parse_args(
-        ["--standalone", f"--nproc_per_node={nproc}", *stop_options(), str(MAIN), *overrides]
+        ["--standalone", f"--nproc_per_node={nproc}", f"--max-restarts={args.max_restarts or 0}", *stop_options(),
+         str(MAIN), *overrides]
     )
     with tempfile.TemporaryDirectory(prefix="mingpt-stops-") as record:
         os.environ[STOP_RECORD_ENV] = record  # the workers inherit it
@@ -112,15 +115,17 @@ RESTARTABLE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 """A group's workers restarted by torchrun often fail to connect ("Gloo connectFullMesh failed") when
 they share its rendezvous's TCP store (pytorch issues 135712, 167288); with a store of their own they
 restart cleanly (slurm/sbatch_run.sh sets the same)."""
+GROUP_RESTARTS = 3
+"""How many times a replica group's torchrun restarts its workers by default: a group that fails comes
+back and heals from the others."""
 LIGHTHOUSE_WAIT_S = 120
 """How long the lighthouse gets to start answering (it imports torch first: seconds on a laptop)."""
 
 
 def run_replica_groups(groups: int, min_groups: int, max_restarts: int, nproc: Optional[int],
                        overrides: list[str]) -> int:
-    """The lighthouse, then one torchrun per replica group; waits for them all, then stops the
-    lighthouse. Exit status: 0 when a group finished the run (those that failed named), the groups'
-    own status when every one stopped on a signal, 1 otherwise."""
+    """The lighthouse, then this launcher once per replica group (its own torchrun, its own record of
+    clean stops); waits for them all, passing stop signals on, then stops the lighthouse."""
     devices = group_devices(groups)
     nproc = nproc or (len(devices[0]) if devices else 1)
     address, lighthouse = start_lighthouse(min_groups)
@@ -129,12 +134,14 @@ def run_replica_groups(groups: int, min_groups: int, max_restarts: int, nproc: O
     replicas = []
     try:
         for group in range(groups):
-            torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                        f"--max-restarts={max_restarts}", *stop_options(), str(MAIN), *ft,
+            launcher = [sys.executable, __file__, f"--nproc={nproc}", f"--max-restarts={max_restarts}", *ft,
                         f"trainer_config.ft_replica_group={group}", *overrides]
             visible = {"CUDA_VISIBLE_DEVICES": ",".join(devices[group])} if devices else {}
-            replicas.append(subprocess.Popen(torchrun, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                             env={**RESTARTABLE, **os.environ, "PYTHONUNBUFFERED": "1", **visible}))
+            # A session of its own: a Ctrl-C at the terminal reaches the group once, passed on from here
+            # (a second would quit it without a snapshot).
+            replicas.append(subprocess.Popen(launcher, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                             env={**RESTARTABLE, **os.environ, "PYTHONUNBUFFERED": "1", **visible},
+                                             start_new_session=True))
             prefix_lines(replicas[-1], f"[replica {group}] ")
         statuses = wait_forwarding_stops(replicas)
     finally:
@@ -167,7 +174,8 @@ def start_lighthouse(min_groups: int) -> tuple[str, subprocess.Popen]:
                "--min_replicas", str(min_groups)]
     if not Path(command[0]).exists():
         raise MinGPTError("--replica-groups needs torchft, which is not installed: pip install -e '.[ft]' (torchft)")
-    lighthouse = subprocess.Popen(command, env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")})
+    lighthouse = subprocess.Popen(command, env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
+                                  start_new_session=True)  # a Ctrl-C must not end it while the groups save
     address = f"http://127.0.0.1:{port}"
     print(f"Lighthouse: {address} (pid {lighthouse.pid}); if it dies, start it again with: "
           f"{' '.join(command)}, then restart the replica groups", flush=True)
@@ -211,17 +219,19 @@ def wait_forwarding_stops(processes: list[subprocess.Popen]) -> list[int]:
 
 
 def replica_groups_status(statuses: list[int]) -> int:
-    failed = [f"replica group {group} (exit {status})" for group, status in enumerate(statuses) if status]
-    if not failed:
-        return 0
-    if len(set(statuses)) == 1 and statuses[0] in (STOP_STATUS, INTERRUPTED_STATUS):
-        return statuses[0]
-    if len(failed) < len(statuses):
-        print(f"launch.py: {', '.join(failed)} failed after its restarts; the others finished the run",
-              file=sys.stderr)
-        return 0
-    print(f"error: every replica group failed ({', '.join(failed)}); see the output above", file=sys.stderr)
-    return 1
+    """The run's exit status from its groups' (each this launcher's): 0 when a group finished the run;
+    else a stop's (75, or 130 after Ctrl-C) when a group stopped on a signal with the run's snapshot
+    written; else 1. Groups that failed are named."""
+    stops = [status for status in statuses if status in (STOP_STATUS, INTERRUPTED_STATUS)]
+    failed = [f"replica group {group} (exit {status})" for group, status in enumerate(statuses)
+              if status not in (0, STOP_STATUS, INTERRUPTED_STATUS)]
+    if 0 not in statuses and not stops:
+        print(f"error: every replica group failed ({', '.join(failed)}); see the output above", file=sys.stderr)
+        return 1
+    if failed:
+        went_on = "finished the run" if 0 in statuses else "stopped with a snapshot"
+        print(f"launch.py: {', '.join(failed)} failed after its restarts; the others {went_on}", file=sys.stderr)
+    return 0 if 0 in statuses else max(stops)
 
 
 def stopped(reason: str, stops: dict[int, int], nproc: int) -> int:

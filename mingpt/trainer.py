@@ -460,9 +460,13 @@ class Trainer:
     def _stop(self, decision: control.Decision) -> None:
         """The stop's snapshot is taken; once it is written, every rank raises RunStopped."""
         self.checkpointer.finish()  # "saved" below means written
-        step = self.progress.step
-        self.report.close(f"Stopping on {decision.stop_signal_name}: snapshot saved at step {step}",
-                          stopped=True)
+        step, signal_name = self.progress.step, decision.stop_signal_name
+        if self.replicas.writes_snapshots():
+            said = f"Stopping on {signal_name}: snapshot saved at step {step}"
+        else:  # another replica group's, which may train on a step or two alone before it stops
+            writer = self.replicas.snapshot_writer()
+            said = f"Stopping on {signal_name} at step {step}; replica group {writer} writes the snapshots"
+        self.report.close(said, stopped=True)
         raise control.RunStopped(decision.stop_signal)
 
     def _stop_diverged(self, since: int) -> None:

@@ -58,3 +58,18 @@ def test_ranks_that_die_of_the_stop_signal_make_launch_say_no_snapshot_was_writt
     assert ("error: stopped on SIGTERM, but rank 0, rank 1 did not stop cleanly: no snapshot was written at "
             "the stop (the last complete one is kept)") in output
     assert "saved its snapshot" not in output and not snapshot.exists()
+
+
+@pytest.mark.parametrize("statuses, status, said", [
+    ([0, 0], 0, ""),
+    ([1, 0], 0, "launch.py: replica group 0 (exit 1) failed after its restarts; the others finished the run\n"),
+    ([75, 75], 75, ""),  # a stop signal: every group saved and stopped
+    ([130, 75], 130, ""),  # Ctrl-C, one group's workers taking a forwarded SIGTERM
+    ([75, 0], 0, ""),  # one group finished the run as the other stopped
+    ([75, 1], 75, "launch.py: replica group 1 (exit 1) failed after its restarts; the others stopped with a snapshot\n"),
+    ([1, 1], 1, "error: every replica group failed (replica group 0 (exit 1), replica group 1 (exit 1)); "
+                "see the output above\n"),
+])
+def test_a_fault_tolerant_run_exits_as_its_groups_ended(statuses, status, said, capsys):
+    assert launch.replica_groups_status(statuses) == status
+    assert capsys.readouterr().err == said

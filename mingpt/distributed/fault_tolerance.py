@@ -326,10 +326,13 @@ class Replicas:
             return slots * samples_per_slot
         return (self.settings.groups - len(self.members)) * self.env.world_size * samples_per_slot
 
+    def snapshot_writer(self) -> int:
+        """The group that writes the snapshots: the lowest-numbered of the quorum (one writer; any group
+        may be lost); alone, this group."""
+        return min(self.members) if self.active else self.settings.group
+
     def writes_snapshots(self) -> bool:
-        """The lowest-numbered group of the quorum writes the snapshots (one writer; any group may
-        be lost); alone, this group."""
-        return not self.active or min(self.members) == self.settings.group
+        return self.snapshot_writer() == self.settings.group
 
     def _next_step(self) -> int:
         return (self._progress.step if self._progress is not None else 0) + 1

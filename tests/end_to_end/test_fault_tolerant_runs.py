@@ -4,10 +4,12 @@ the survivor goes on (never back to a snapshot, at most one step dropped, a stal
 the group restarted heals from it (and, killed again while healing, heals the next time), both end
 with the same weights, and the samples nobody trained are in the survivor's metrics. A lost
 lighthouse ends each group in one line that says what to do. launch.py --replica-groups starts it
-all, and torchrun's restart of a killed worker heals it."""
+all, torchrun's restart of a killed worker heals it, and a stop signal to it stops every group with a
+snapshot (exit 75)."""
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +21,8 @@ import psutil
 import pytest
 import torch
 from helpers import MINGPT, WORKER_SCRIPTS, kill_tree, tiny_overrides
+
+from mingpt.distributed.control import STOP_EXIT_STATUS
 
 pytestmark = pytest.mark.slow
 
@@ -214,40 +218,52 @@ def test_a_lost_lighthouse_ends_each_group_in_one_line_that_says_what_to_do(text
     assert ended_after < 10 + 30  # the quorum timeout, and the processes' ends
 
 
-def test_launch_starts_the_lighthouse_and_the_groups_and_a_killed_worker_heals(text_file, tmp_path):
-    overrides = tiny_overrides(text_file, tmp_path / "snap.pt", trainer_config__max_steps=800,
+def test_launch_starts_the_lighthouse_and_the_groups_heals_a_killed_worker_and_stops_on_a_signal(text_file, tmp_path):
+    snapshot = tmp_path / "snap.pt"
+    overrides = tiny_overrides(text_file, snapshot, trainer_config__max_steps=2000,
                                trainer_config__eval_batches=2, trainer_config__ft_timeout_s=FT_TIMEOUT_S)
     log = tmp_path / "launch.log"
     launcher = subprocess.Popen([sys.executable, MINGPT / "launch.py", "--replica-groups", "2", *overrides],
                                 stdout=log.open("w"), stderr=subprocess.STDOUT,
                                 env={**os.environ, "OMP_NUM_THREADS": "1", **SLOW})
     try:
-        deadline = time.monotonic() + 180
-        while "[replica 1] [RANK0] Epoch 1 | Iter 20 |" not in log.read_text():
-            assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
-        worker = replica_worker(launcher, group=1)
-        worker.kill()
-        assert launcher.wait(timeout=300) == 0, log.read_text()
+        wait_for_line(launcher, log, "[replica 1] [RANK0] Epoch 1 | Iter 20 |")
+        replica_worker(launcher, group=1).kill()
+        wait_for_line(launcher, log, "[replica 1] Healed from replica group 0 at step")
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=300) == STOP_EXIT_STATUS, log.read_text()
     finally:
         kill_tree(launcher)
     output = log.read_text()
     assert re.match(r"Lighthouse: http://127\.0\.0\.1:\d+ \(pid \d+\); if it dies, start it again with: \S*"
                     r"torchft_lighthouse --bind 127\.0\.0\.1:\d+ --min_replicas 1, then restart the replica groups",
                     output), output
-    assert re.search(r"\[replica 1\] Healed from replica group 0 at step \d+", output), output
-    # What the survivor says depends on timing: the group leaving, a step not committed, or nothing at
-    # all when torchrun's restart came back within the lighthouse's heartbeat timeout (5 s) between two
-    # steps. Those lines are asserted under controlled timing in the first test of this file.
-    assert output.count("Finished: epoch") == 2
+    # What the survivor says of the kill depends on timing: the group leaving, a step not committed, or
+    # nothing at all when torchrun's restart came back within the lighthouse's heartbeat timeout (5 s)
+    # between two steps. Those lines are asserted under controlled timing in the first test of this file.
+    # The stop: each group stopped and said so once, and its launcher too; the snapshot is of the last
+    # step any group trained (the writer's, or a group's left alone after the writer stopped).
+    stopped = [int(step) for step in re.findall(r"Stopping on SIGTERM(?:: snapshot saved)? at step (\d+)", output)]
+    assert len(stopped) == 2, output
+    for group in (0, 1):
+        assert f"[replica {group}] launch.py: stopped on SIGTERM; every worker saved its snapshot first" in output
+    assert "Traceback" not in output and "failed after" not in output and "error:" not in output, output
+    assert torch.load(snapshot, weights_only=True)["step"] == max(stopped)
     lighthouse_pid = int(re.match(r"Lighthouse: \S+ \(pid (\d+)\)", output).group(1))
     assert not psutil.pid_exists(lighthouse_pid) or psutil.Process(lighthouse_pid).status() == psutil.STATUS_ZOMBIE
 
 
+def wait_for_line(launcher: subprocess.Popen, log: Path, line: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while line not in log.read_text():
+        assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+
+
 def replica_worker(launcher: subprocess.Popen, group: int) -> psutil.Process:
-    """The training process of one group's torchrun (launch.py's child) under launcher."""
+    """The training process of one group (its launch.py's torchrun's worker) under launcher."""
     for process in psutil.Process(launcher.pid).children(recursive=True):
         command = " ".join(process.cmdline())
-        if f"ft_replica_group={group}" in command and "torch.distributed.run" not in command:
+        if f"ft_replica_group={group}" in command and "main.py" in command and "launch.py" not in command:
             return process
     raise AssertionError(f"no worker of replica group {group}")
