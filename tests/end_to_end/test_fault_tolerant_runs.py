@@ -60,15 +60,18 @@ def lighthouse(tmp_path):
 
 
 class Group:
-    """One replica group: tests/workers/ft_replica.py as one process, its output in a file."""
+    """One replica group: tests/workers/ft_replica.py as one process, or several ranks under a torchrun
+    that restarts them, its output in a file."""
 
-    def __init__(self, number: int, log: Path, overrides: list[str], env: dict):
+    def __init__(self, number: int, log: Path, overrides: list[str], env: dict, ranks: int = 1):
         self.number, self.log = number, log
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+                    "--max-restarts=3"] if ranks > 1 else [sys.executable]
         self.process = subprocess.Popen(
-            [sys.executable, WORKER_SCRIPTS / "ft_replica.py", *overrides,
-             f"trainer_config.ft_replica_group={number}"],
+            [*torchrun, WORKER_SCRIPTS / "ft_replica.py", *overrides, f"trainer_config.ft_replica_group={number}"],
             stdout=log.open("w"), stderr=subprocess.STDOUT,
-            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env})
+            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **env})  # restarts that reconnect (launch.py)
 
     @property
     def output(self) -> str:
@@ -149,33 +152,41 @@ def test_a_group_killed_mid_run_and_again_while_healing_costs_the_survivor_at_mo
     missed = {line["step"]: line["samples"] for line in metrics(tmp_path / "snap.metrics.jsonl", "missed")}
     assert missed == expected
     # Both groups end with the same weights.
-    survivor_weights, rejoined_weights = (torch.load(weights / f"group{g}.pt") for g in (0, 1))
+    survivor_weights, rejoined_weights = (torch.load(weights / f"group{g}.rank0.pt") for g in (0, 1))
     assert survivor_weights.keys() == rejoined_weights.keys()
     for name, tensor in survivor_weights.items():
         assert torch.equal(tensor, rejoined_weights[name]), name
 
 
-def test_under_hsdp_a_group_killed_mid_run_heals_its_shards_from_a_live_one(text_file, tmp_path, lighthouse):
-    """distributed_method=hsdp: each group shards the model over its ranks (one here), and a restarted
-    group fetches its shards and their optimizer state from the live group; both end equal."""
+def test_under_hsdp_a_group_s_rank_killed_mid_run_heals_the_group_s_shards_from_a_live_one(
+        text_file, tmp_path, lighthouse):
+    """distributed_method=hsdp, groups of two ranks: each group shards the model over its ranks, rank r
+    of each group holding the same shard. One rank of group 1 is SIGKILLed: its torchrun restarts the
+    group, whose ranks each fetch their shard and its optimizer state from the same rank of group 0;
+    every rank's shards end equal to its peer's."""
     weights = tmp_path / "weights"
     weights.mkdir()
     overrides = [*overrides_for(text_file, tmp_path, lighthouse.address, steps=300),
-                 "trainer_config.distributed_method=hsdp"]
+                 "trainer_config.distributed_method=hsdp", "trainer_config.batch_size=16"]
     env = {**SLOW, "FINAL_WEIGHTS": str(weights)}
-    survivor = Group(0, tmp_path / "group0.log", overrides, env)
-    victim = Group(1, tmp_path / "group1.log", overrides, env)
+    survivor = Group(0, tmp_path / "group0.log", overrides, env, ranks=2)
+    victim = Group(1, tmp_path / "group1.log", overrides, env, ranks=2)
     victim.wait_for(r"\| Iter 40 \|")
-    victim.kill()
-    rejoined = Group(1, tmp_path / "group1-rejoined.log", overrides, env)
+    (rank_1,) = [worker for worker in psutil.Process(victim.process.pid).children(recursive=True)
+                 if worker.environ().get("LOCAL_RANK") == "1"]
+    rank_1.kill()
     assert survivor.finish() == 0, survivor.output
-    assert rejoined.finish() == 0, rejoined.output
+    assert victim.finish() == 0, victim.output
     assert "; hsdp (fsdp within each replica group); " in survivor.output  # sharded within the group
     assert "Resuming" not in survivor.output and re.search(r"Replica group\(s\) 1 left at step", survivor.output)
-    assert re.search(r"Healed from replica group 0 at step \d+", rejoined.output), rejoined.output
-    survivor_weights, rejoined_weights = (torch.load(weights / f"group{g}.pt") for g in (0, 1))
-    for name, tensor in survivor_weights.items():
-        assert torch.equal(tensor, rejoined_weights[name]), name
+    assert re.search(r"Healed from replica group 0 at step \d+", victim.output), victim.output
+    for rank in (0, 1):
+        survivor_shards, healed_shards = (torch.load(weights / f"group{g}.rank{rank}.pt") for g in (0, 1))
+        assert survivor_shards.keys() == healed_shards.keys()
+        for name, tensor in survivor_shards.items():
+            assert torch.equal(tensor, healed_shards[name]), (rank, name)
+    # Sharded: each rank holds half of the (padded) embedding's rows.
+    assert survivor_shards["tok_emb.weight"].shape[0] == 32
 
 
 def steps_away(output: str, last_step: int) -> set[int]:

@@ -1,7 +1,8 @@
 """Entry for the fault-tolerance tests: one replica group's main.py (through fault_injection.py, so
 that SLOW and FAULT apply), with what the tests look at afterwards or plant:
 
-    FINAL_WEIGHTS=DIR   at the end of training, the model's weights into DIR/group<g>.pt
+    FINAL_WEIGHTS=DIR   at the end of training, the model's weights (a rank's shards under hsdp) into
+                        DIR/group<g>.rank<r>.pt
     HEAL_DELAY=S        a joining group takes S seconds longer to load the state it heals from
                         (a slow transfer), printing "healing: loading" first, so that a test can kill it
                         in the middle of its healing
@@ -27,7 +28,7 @@ def save_final_weights(folder: str) -> None:
         original(self)
         state = {name: fault_tolerance.local_shards(tensor).detach().clone()  # under hsdp this rank's shards
                  for name, tensor in unwrap(self.model).state_dict().items()}
-        torch.save(state, Path(folder) / f"group{self.config.ft_replica_group}.pt")
+        torch.save(state, Path(folder) / f"group{self.config.ft_replica_group}.rank{self.env.rank}.pt")
 
     Trainer.train = train
 
