@@ -1,5 +1,6 @@
 """The fault-tolerant mode on real processes (trainer_config.fault_tolerant; torchft): replica groups of
-one CPU rank each on loopback, meeting at a lighthouse this test starts. A group SIGKILLed mid-run:
+one CPU rank each (two under hsdp) on loopback, meeting at a lighthouse this test starts. A group
+SIGKILLed mid-run:
 the survivor goes on (never back to a snapshot, at most one step dropped, a stall within its bound),
 the group restarted heals from it (and, killed again while healing, heals the next time), both end
 with the same weights, and the samples nobody trained are in the survivor's metrics. A lost
