@@ -292,9 +292,11 @@ class Trainer:
         self.memory = plan_memory(model.config, placement, config.batch_size, config.activation_checkpointing,
                                   env)  # the step, traced
         check_memory(self.memory, env)  # before anything is allocated
-        method = parallel.Parallelism(self.replicas.method_within_group(config.distributed_method), config.cpu_offload,
-                                      config.reshard_after_forward, cpu_collectives=env.backend == "gloo")
-        self.model = parallel.parallelize(model, method, self.precision, env, compile=config.compile,
+        self.parallelism = parallel.Parallelism(self.replicas.method_within_group(config.distributed_method),
+                                                config.cpu_offload, config.reshard_after_forward,
+                                                cpu_collectives=env.backend == "gloo")
+        """How this rank's model is wrapped (under fault tolerance, how its replica group holds it)."""
+        self.model = parallel.parallelize(model, self.parallelism, self.precision, env, compile=config.compile,
                                           comm_hook=self.replicas.comm_hook)
         self.optimizer = self.replicas.committing(create_optimizer(self.model, self.optimizer_config))
         self.scaler = parallel.grad_scaler(self.model, self.precision, env)
@@ -308,9 +310,9 @@ class Trainer:
         tokens_per_step = tc.batch_size * tc.grad_accum_steps * self.data_env.world_size * self.block_size
         budget = f"{tc.max_steps:,} steps in all" if tc.max_steps else f"{tc.max_epochs} epochs"
         offload = " with CPU offload" if tc.cpu_offload else ""
-        within = self.replicas.method_within_group(tc.distributed_method)
-        method = tc.distributed_method if within == tc.distributed_method else f"{tc.distributed_method} ({within} " \
-            "within each replica group)"
+        method, within = tc.distributed_method, self.parallelism.method
+        if within != method:
+            method += f" ({within} within each replica group)"
         return [
             f"Model: {parallel.unwrap(self.model).describe()}",
             f"World: {env.describe()}; {method}{offload}; {self.precision}; "
