@@ -134,8 +134,9 @@ def run_replica_groups(groups: int, min_groups: int, max_restarts: int, nproc: O
     replicas = []
     try:
         for group in range(groups):
-            launcher = [sys.executable, __file__, f"--nproc={nproc}", f"--max-restarts={max_restarts}", *ft,
-                        f"trainer_config.ft_replica_group={group}", *overrides]
+            # The user's arguments first: Hydra takes its options (--config-name) only before the overrides.
+            launcher = [sys.executable, __file__, f"--nproc={nproc}", f"--max-restarts={max_restarts}", *overrides,
+                        *ft, f"trainer_config.ft_replica_group={group}"]
             visible = {"CUDA_VISIBLE_DEVICES": ",".join(devices[group])} if devices else {}
             # A session of its own: a Ctrl-C at the terminal reaches the group once, passed on from here
             # (a second would quit it without a snapshot).

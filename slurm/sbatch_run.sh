@@ -163,7 +163,8 @@ trap on_time_limit_warning USR1
 # own step, with no --kill-on-bad-exit (one group's failure must not end the others; torchrun
 # restarts its workers, which heal from the live groups), and its own torchrun (--standalone: the
 # groups meet at the lighthouse, not at a rendezvous), its lines prefixed [replica g] here (every
-# group logs). Run in the background as srun is: the time-limit trap stays with this shell, and its
+# group logs). The run's own arguments come first: Hydra takes its options (--config-name) only
+# before the overrides. Run in the background as srun is: the time-limit trap stays with this shell, and its
 # `scancel --signal=TERM` reaches every step (not this shell's sed).
 ft_main() {
     local port=${LIGHTHOUSE_PORT:-$((29510 + SLURM_JOB_ID % 1000))} group tries=0 steps=() failed=()
@@ -183,10 +184,10 @@ ft_main() {
         echo "[mingpt-ddp] replica group $group on ${nodes[group]}: starting torchrun"
         srun --nodes=1 --ntasks=1 -w "${nodes[group]}" --cpus-per-task="$cpus_per_task" \
             "$torchrun" --standalone --nproc_per_node "$nproc_per_node" --max-restarts "${MAX_RESTARTS:-3}" \
-            "${stop_options[@]}" "$main_py" trainer_config.fault_tolerant=true \
+            "${stop_options[@]}" "$main_py" "$@" trainer_config.fault_tolerant=true \
             "trainer_config.ft_lighthouse=$address" "trainer_config.ft_replica_groups=${#nodes[@]}" \
             "trainer_config.ft_replica_group=$group" "trainer_config.ft_min_replica_groups=${MIN_REPLICA_GROUPS:-1}" \
-            "$@" 2>&1 | sed -u "s/^/[replica $group] /" &  # pipefail: the pipeline's status is srun's
+            2>&1 | sed -u "s/^/[replica $group] /" &  # pipefail: the pipeline's status is srun's
         steps+=($!)
     done
     for group in "${!steps[@]}"; do

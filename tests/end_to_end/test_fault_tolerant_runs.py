@@ -235,7 +235,8 @@ def test_launch_starts_the_lighthouse_and_the_groups_heals_a_killed_worker_and_s
     overrides = tiny_overrides(text_file, snapshot, trainer_config__max_steps=2000,
                                trainer_config__eval_batches=2, trainer_config__ft_timeout_s=FT_TIMEOUT_S)
     log = tmp_path / "launch.log"
-    launcher = subprocess.Popen([sys.executable, MINGPT / "launch.py", "--replica-groups", "2", *overrides],
+    launcher = subprocess.Popen([sys.executable, MINGPT / "launch.py", "--replica-groups", "2",
+                                 "--config-name", "gpt2_train_cfg", *overrides],  # Hydra's options pass too
                                 stdout=log.open("w"), stderr=subprocess.STDOUT,
                                 env={**os.environ, "OMP_NUM_THREADS": "1", **SLOW})
     try:
