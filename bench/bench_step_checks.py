@@ -25,7 +25,7 @@ import torch
 from common import REPO, RESULTS, benchmark_trainer, save_json
 
 from mingpt.common import files
-from mingpt.distributed import control
+from mingpt.distributed import divergence
 from mingpt.distributed.process_group import distributed_session
 from mingpt.model import GPTConfig
 
@@ -98,7 +98,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     device = torch.device("cpu")
     before = watch_us(watch_before()(device, scaled=False), args.repeats)
-    after = watch_us(control.DivergenceWatch(device, scaled=False), args.repeats)
+    after = watch_us(divergence.DivergenceWatch(device, scaled=False), args.repeats)
     with distributed_session() as env:
         step = step_ms(env, args.batch)
     writes = write_seconds(args.mb)

@@ -26,6 +26,7 @@ from mingpt.distributed.activation_checkpointing import CHECKPOINTING_MODES, che
 from mingpt.distributed.precision import AMP_DTYPES, resolve_precision
 from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, all_reduce_sum, first_said
 from mingpt.distributed.fault_tolerance import ReplicaSettings, Replicas, plain
+from mingpt.distributed.divergence import SpikeRule
 from mingpt.distributed.guard import RunGuard
 from mingpt.model import OptimizerConfig, create_optimizer, learning_rate_at, set_learning_rate
 from mingpt.planning.memory import Placement, check_memory, plan_memory
@@ -245,7 +246,7 @@ class Trainer:
         with self.checkpointer.released_on_error():  # a start-up that fails gives the path back
             self.guard = RunGuard(env, config.hang_timeout_s, self.checkpointer.folder, self.checkpointer.kept,
                                   compiled=config.compile, scaled=self.scaler.is_enabled(),
-                                  spike=control.SpikeRule(config.loss_spike_ratio, config.loss_spike_steps),
+                                  spike=SpikeRule(config.loss_spike_ratio, config.loss_spike_steps),
                                   stop_signals=config.stop_signals, save_every_minutes=config.save_every_minutes)
             """The hang watchdog, the divergence watch and the step agreement (distributed/guard.py)."""
             watch = self.guard.watch

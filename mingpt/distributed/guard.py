@@ -1,5 +1,5 @@
 """What watches a run while it trains, behind the one object the Trainer holds: where this rank is
-in its step, for the hang watchdog (watchdog.py); whether the run has diverged (control.py's
+in its step, for the hang watchdog (watchdog.py); whether the run has diverged (divergence.py's
 DivergenceWatch); and the decisions every rank takes at the same step (control.py's StepAgreement:
 stop signals, the snapshot timer, a failed save, divergence). The Trainer's step reads as the
 original's _run_batch; it tells the guard where it is, and after each step asks it what to do.
@@ -8,7 +8,8 @@ from typing import Optional
 
 import torch
 
-from mingpt.distributed.control import Decision, DivergenceWatch, Health, SpikeRule, StepAgreement
+from mingpt.distributed.control import Decision, StepAgreement
+from mingpt.distributed.divergence import DivergenceWatch, Health, SpikeRule
 from mingpt.distributed.process_group import DistEnv
 from mingpt.distributed.stragglers import StepClock
 from mingpt.distributed.watchdog import RunWatchdog

@@ -23,7 +23,8 @@ import torch.nn as nn
 from mingpt.common.errors import MinGPTError, SnapshotError, TrainingDiverged, short_reason
 from mingpt.common.files import check_writable
 from mingpt.common.logger import log, warn_once
-from mingpt.distributed.control import Decision, Health
+from mingpt.distributed.control import Decision
+from mingpt.distributed.divergence import Health
 from mingpt.distributed.parallel import local_part, unwrap
 from mingpt.distributed.process_group import DistEnv, all_gather_objects, any_rank, first_said, side_group
 from mingpt.storage.background_save import BackgroundSaves

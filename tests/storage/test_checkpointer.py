@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from mingpt.common.errors import SnapshotError
-from mingpt.distributed.control import Decision, Health
+from mingpt.distributed.control import Decision
+from mingpt.distributed.divergence import Health
 from mingpt.distributed.process_group import DistEnv
 from mingpt.model import GPT, GPTConfig, OptimizerConfig, create_optimizer
 from mingpt.storage.checkpointer import Checkpointer, SnapshotPolicy
