@@ -1,0 +1,82 @@
+"""A run's start-up, shared by the two commands that start one: main.py, which then trains, and
+plan.py --check, which starts chosen ranks of a cluster's run in one process on a fake process group
+(planning/check.py) and stops after one step. Both build the data, the model and the Trainer here,
+so that the check exercises what the run will (commands never import each other).
+
+The order is the original's (main.py's get_train_objs, then the Trainer): the data, prepared on
+each machine and split; the model on the meta device, sized by the data's vocabulary; then the
+Trainer, which checks that the step fits, places and wraps the model for its method, and builds
+the optimizer, the data loaders and the Checkpointer.
+"""
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from mingpt.char_dataset import (
+    DEFAULT_CORPUS,
+    CharDataset,
+    DataConfig,
+    describe_data,
+    open_corpus,
+    prepare_corpus,
+    split_dataset,
+)
+from mingpt.common.logger import log, warn_once
+from mingpt.distributed.process_group import DistEnv, barrier
+from mingpt.model import GPT
+from mingpt.run_config import TrainConfig
+from mingpt.storage.gpt2_folder import open_folder
+from mingpt.trainer import Trainer
+
+TrainObjects = tuple[GPT, CharDataset, CharDataset, CharDataset]
+"""The model (on the meta device), the whole dataset, and its train and test splits."""
+
+
+def train_objects(config: TrainConfig, env: DistEnv) -> TrainObjects:
+    """main.get_train_objs: the data, split, and the model on the meta device (from a GPT-2 folder:
+    gpt_config.init_from)."""
+    folder = open_folder(config.gpt_config.init_from) if config.gpt_config.init_from else None
+    data_config = folder.tokenizing(config.data_config) if folder else config.data_config
+    dataset, validation = load_dataset(data_config, env)
+    train_set, test_set = split_dataset(dataset, data_config, config.trainer_config.seed, validation)
+    gpt_config = folder.model_config(config.gpt_config) if folder else config.gpt_config
+    gpt_config = replace(gpt_config, vocab_size=dataset.vocab_size, block_size=dataset.block_size)
+    with torch.device("meta"):  # shapes only: the Trainer fills in what this rank holds (parallel.py)
+        model = GPT(gpt_config, seed=config.trainer_config.seed, weights=folder)
+    if folder:
+        log.info(f"Initial weights from {folder.path} (GPT-2, {gpt_config.activation}), unless a snapshot "
+                 "is resumed")
+    return model, dataset, train_set, test_set
+
+
+def load_dataset(config: DataConfig, env: DistEnv) -> tuple[CharDataset, Optional[CharDataset]]:
+    """The data of path, and of val_path if set: every process of the machine prepares them, each kind
+    its own way (tokens/sources.py: a text's token file is made by local rank 0 alone), waits for the
+    others, then maps what was made, or the shards."""
+    prepare_corpus(config, local_main=env.is_local_main)
+    barrier()
+    dataset = open_corpus(config)
+    validation = open_corpus(config, validation=True) if config.val_path else None
+    if dataset.num_chars < dataset.text_length and Path(config.path) != DEFAULT_CORPUS:
+        warn_once(f"data_config.truncate={config.truncate:g} keeps the first {dataset.num_chars:,} of the "
+                  f"text's {dataset.text_length:,} {dataset.unit} (the original's setting, made for "
+                  "tiny-shakespeare); data_config.truncate=1.0 trains on all of it")
+    if dataset.shards is not None:
+        log.info(f"Data: {dataset.shards.describe()}, {dataset.num_chars:,} {dataset.unit} of a vocabulary "
+                 f"of {dataset.vocab_size:,}")
+    elif dataset.vocabulary.is_char:
+        log.info(f"Data has {dataset.num_chars} characters, {dataset.vocab_size} unique.")
+    else:
+        log.info(f"Data has {dataset.num_chars} tokens, of a BPE vocabulary of {dataset.vocab_size}.")
+    return dataset, validation
+
+
+def start_trainer(config: TrainConfig, env: DistEnv, objects: TrainObjects) -> tuple[Trainer, list[str]]:
+    """The Trainer of the run, with what it says as it starts (its summary: model, world, memory,
+    batch, data and snapshot lines)."""
+    model, dataset, train_set, test_set = objects
+    trainer = Trainer(config.trainer_config, model, config.optimizer_config, train_set, test_set,
+                      dataset.vocabulary, env)
+    return trainer, trainer.summary(describe_data(config.data_config, dataset, train_set, test_set))
