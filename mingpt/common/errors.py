@@ -50,6 +50,18 @@ class StorageError(MinGPTError, OSError):
         super().__init__(f"could not {verb} {url} ({self.reason}); check the path, its credentials, free "
                          "space and the network")
 
+    def __reduce__(self):
+        # Pickled as its line: DCP hands each rank's failure to the others (a cause, a store's own
+        # exception, may not unpickle, and __init__ wants it: the line said "TypeError: StorageError").
+        return _storage_error, (str(self), self.reason)
+
+
+def _storage_error(line: str, reason: str) -> StorageError:
+    error = StorageError.__new__(StorageError)
+    Exception.__init__(error, line)
+    error.reason = reason
+    return error
+
 
 class TrainingDiverged(MinGPTError):
     """The loss or the weights are no longer finite: the run stops, its last snapshot untouched."""

@@ -10,9 +10,11 @@ line naming the file and the cause, and an OSError, so a caller that names its c
 of its own still can; nothing of a store's failure reaches the user as a traceback.
 
 Every read and write under way is a Transfer that the process's watchdog can see: how much it has
-moved, and since when it has not (distributed/watchdog.py names one that has stopped moving).
+moved, and since when it has not (distributed/watchdog.py names one that has stopped moving). Those
+begun inside `part_of(...)` (a snapshot's save) say so, and are named before any other.
 """
 import contextlib
+import contextvars
 import fcntl
 import functools
 import os
@@ -67,15 +69,35 @@ class Transfer:
     """When bytes last moved (or it started)."""
     temporary: Optional[str] = None
     """A local temporary file it writes, to remove if the process must end at once (abandon_transfers)."""
+    part_of: Optional[str] = field(default_factory=lambda: _part_of.get())
+    """What it is a part of ("saving the snapshot of step 20"), when begun inside part_of()."""
 
     def advance(self, count: int) -> None:
         self.done += count
         self.moved_at = time.monotonic()
 
     def describe(self, now: float) -> str:
-        """'write of s3://b/snap.pt has not moved for 62 s (12.6 MB written)'."""
-        moved = f" ({self.done / 1e6:.1f} MB {'written' if self.verb == 'write' else 'moved'})" if self.done else ""
-        return f"{self.verb} of {self.url} has not moved for {now - self.moved_at:.0f} s{moved}"
+        """'write of s3://b/snap.pt has not moved for 62 s (12.6 MB written; saving the snapshot of
+        step 20)'."""
+        details = [f"{self.done / 1e6:.1f} MB {'written' if self.verb == 'write' else 'moved'}"] if self.done else []
+        details += [self.part_of] if self.part_of else []
+        said = f" ({'; '.join(details)})" if details else ""
+        return f"{self.verb} of {self.url} has not moved for {now - self.moved_at:.0f} s{said}"
+
+
+_part_of: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("part_of", default=None)
+
+
+@contextlib.contextmanager
+def part_of(what: str) -> Iterator[None]:
+    """The transfers begun inside, on this thread, are part of what ("saving the snapshot of step
+    20"): when several stall at once (a store that stops answering stalls every one, a lease's read
+    and a metrics upload with the save), the watchdog names one of these, and says what it was part of."""
+    token = _part_of.set(what)
+    try:
+        yield
+    finally:
+        _part_of.reset(token)
 
 
 _under_way: set[Transfer] = set()
@@ -96,11 +118,13 @@ def abandon_transfers() -> None:
 
 
 def stalled_transfer(after_s: float) -> Optional[Transfer]:
-    """The transfer under way in this process that has not moved for longest, if that is over after_s."""
-    now = time.monotonic()
+    """A transfer under way in this process that has not moved for over after_s, if any: one begun
+    inside part_of() first (a save, rather than a lease's refresh or a metrics upload that stalled
+    with it), the one that has not moved for longest among them."""
+    limit = time.monotonic() - after_s
     with _under_way_lock:
-        oldest = min(_under_way, key=lambda transfer: transfer.moved_at, default=None)
-    return oldest if oldest is not None and now - oldest.moved_at > after_s else None
+        stalled = [transfer for transfer in _under_way if transfer.moved_at < limit]
+    return min(stalled, key=lambda transfer: (transfer.part_of is None, transfer.moved_at), default=None)
 
 
 @contextlib.contextmanager
@@ -160,18 +184,9 @@ class _Counted:
         return getattr(self._file, name)
 
 
-def watched_streams(create_stream: Callable) -> Callable:
-    """torch.distributed.checkpoint's create_stream(path, mode), the files it writes made transfers the
-    watchdog sees (a sharded snapshot's shards), their failures StorageErrors."""
-    @contextlib.contextmanager
-    def create(path, mode: str) -> Iterator[Any]:
-        with create_stream(path, mode) as stream:
-            if "w" not in mode:
-                yield stream
-                return
-            with transfer("write", str(path)) as under_way:
-                yield _Counted(stream, under_way)
-    return create
+def counted(file: IO[bytes], under_way: Transfer) -> IO[bytes]:
+    """file, whose written bytes move under_way (for a writer that opens its files itself: DCP's)."""
+    return _Counted(file, under_way)
 
 
 class _Progress(Callback):

@@ -20,6 +20,7 @@ from typing import Iterator, Optional, Sequence
 import torch
 import torch.nn as nn
 
+from mingpt.common import files
 from mingpt.common.errors import MinGPTError, SnapshotError, TrainingDiverged, short_reason
 from mingpt.common.files import check_writable
 from mingpt.common.logger import log, warn_once
@@ -107,7 +108,13 @@ class Checkpointer:
         self.saves = BackgroundSaves(env.device)
         """The snapshot writer of async_snapshots."""
         self.last_saved: Optional[Progress] = None
-        """The training position of the last snapshot taken or restored."""
+        """The training position of the newest snapshot complete on the store, as this rank knows it:
+        restored, or written (rank 0 once its write is done; the other ranks once every rank agreed
+        it is, finish())."""
+        self._taken: Optional[Progress] = None
+        """The training position of the last snapshot taken, written or still being written."""
+        self._under_way: Optional[Progress] = None
+        """A save taken and not yet known to be complete (async_snapshots: written in the background)."""
         self.unconfirmed: list[int] = []
         """Steps of this run's snapshots not yet followed by a healthy step (note_health)."""
         self._rng_to_restore: Optional[dict] = None
@@ -163,7 +170,7 @@ class Checkpointer:
     def due(self, progress: Progress, decision: Decision = Decision(), epoch_ended: bool = False,
             run_ended: bool = False) -> Optional[str]:
         """Why a snapshot of progress is due now ("epoch 3", "step 40", ...), or None."""
-        if progress == self.last_saved:
+        if progress in (self._taken, self.last_saved):
             return None
         policy, step, epoch = self.policy, progress.step, progress.finished_epoch
         if epoch_ended:
@@ -195,21 +202,43 @@ class Checkpointer:
             tokenizer=self.vocab.tokenizer,
             model_config=asdict(unwrap(model).config),
         )
+        taken = self._taken = self._under_way = replace(progress)
+        saving = f"saving the snapshot of step {taken.step}"  # what a stalled write of it says it was
         if self.policy.async_snapshots:
             live = training_tensors(model, optimizer)
             write = self.store.capture(model, optimizer, info, self.env.is_main,
                                        copy=lambda state: self.saves.staging.copy(state, live))
 
-            def write_and_log() -> None:
-                write()
-                log.info(f"Snapshot saved at {when}")
+            def write_in_background() -> None:
+                with files.part_of(saving):
+                    write()
+                if self.env.is_main:  # its write is the one that completes the snapshot
+                    self._written(taken, when)
 
-            self.saves.submit(write_and_log)
+            self.saves.submit(write_in_background)
         else:
-            self.store.save(model, optimizer, info, self.env.is_main)
-            log.info(f"Snapshot saved at {when}")
-        self.last_saved = replace(progress)
+            error = None
+            with files.part_of(saving):
+                try:
+                    self.store.save(model, optimizer, info, self.env.is_main)
+                except MinGPTError as failed:  # said by every rank below: none waits for it forever
+                    error = failed
+            if error is None and self.env.is_main:
+                self._written(taken, when)
+            agreed = first_said(str(error) if error is not None else None)
+            if agreed is not None:
+                raise error or SnapshotError(agreed)
+            self._written(taken, when)
         self.unconfirmed.append(progress.step)
+
+    def _written(self, progress: Progress, when: str) -> None:
+        """The snapshot of progress is complete on the store: from now on it is the one kept."""
+        if self.last_saved == progress:
+            return  # said already (rank 0 knows before the other ranks agree)
+        self.last_saved = progress
+        if self._under_way == progress:
+            self._under_way = None
+        log.info(f"Snapshot saved at {when}")
 
     def note_health(self, health: Health) -> None:
         """The run's health as the DivergenceWatch last read it: the newest snapshot that healthy
@@ -244,10 +273,17 @@ class Checkpointer:
                 f"healthy steps followed), {advice}{aside}")
 
     def kept(self) -> str:
-        """What the run leaves to resume from: "the last snapshot (step 300) is kept as it was"."""
-        if self.last_saved is None:
-            return "and none was written before"
-        return f"the last snapshot (step {self.last_saved.step}) is kept as it was: {self.policy.path}"
+        """What the run leaves to resume from, for the line of a run that fails (the watchdog's): the
+        newest snapshot complete on the store as this rank knows it, never one still being written,
+        and the save under way, if any ("the last snapshot (step 300) is kept as it was:
+        s3://b/run/sharded_000000300; the save of step 400, in the background, was not finished")."""
+        under_way, saved = self._under_way, self.last_saved  # the writer thread may change both
+        said = (f"the last snapshot (step {saved.step}) is kept as it was: {self.store.location(saved.step)}"
+                if saved is not None else "no snapshot was written before")
+        if under_way is not None and under_way != saved:
+            background = ", in the background," if self.policy.async_snapshots else ""
+            said += f"; the save of step {under_way.step}{background} was not finished"
+        return said
 
     def failed(self) -> bool:
         """Whether this rank can no longer write snapshots: its background save has failed, or
@@ -268,6 +304,8 @@ class Checkpointer:
         first = first_said(str(error) if error is not None else None)
         if first is not None:
             raise error or SnapshotError(first)
+        if self._under_way is not None:  # every rank wrote its part: the snapshot is complete
+            self._written(self._under_way, f"step {self._under_way.step}")
 
     @contextlib.contextmanager
     def released_on_error(self) -> Iterator[None]:

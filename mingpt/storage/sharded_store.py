@@ -40,18 +40,19 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from mingpt.common import files
 from mingpt.common.errors import MinGPTError, SnapshotError, short_reason
 from mingpt.distributed.parallel import restore_optimizer_state
-from mingpt.distributed.process_group import barrier
+from mingpt.distributed.process_group import first_said
 from mingpt.storage.snapshot import (
     DIVERGED_INFO,
     SHARDED_ENTRY,
     SHARDED_INFO,
     Snapshot,
+    list_entries,
     read_snapshot,
     sharded_entries,
     write_error,
     write_snapshot,
 )
-from mingpt.storage.store import SetAside, set_aside_entries
+from mingpt.storage.store import SetAside, check_format, set_aside_entries
 
 DCP_ERRORS = (Exception, CheckpointException)  # DCP gathers ranks' errors into a BaseException
 _SAFE_MODULES = ("torch.distributed.checkpoint.",)
@@ -123,11 +124,44 @@ def _write_errors_reported(target: str):
         raise write_error(target, e, _reason) from None
 
 
+class WatchedFileSystem:
+    """DCP's file system layer (its local FileSystem, or the fsspec one), every call it makes to the
+    store a transfer the watchdog sees (common/files.py), its failures StorageErrors: the streams it
+    writes from their opening to their closing (an object store uploads a small file when it is
+    closed, and opening a file on a stale mount is what hangs), and its renames (.metadata's: on S3 a
+    copy and a delete), folders, existence checks, removals and listings. Only watching the bytes of
+    its streams left a store that froze in any other call unnamed until some other transfer (a
+    lease's refresh) stalled too, minutes later and naming that."""
+
+    VERBS = {"rename": "move", "mkdir": "create", "exists": "look for", "rm_file": "remove", "ls": "list"}
+
+    def __init__(self, fs: Any):
+        self._fs = fs
+
+    @contextlib.contextmanager
+    def create_stream(self, path, mode: str) -> Iterator[Any]:
+        writes = any(kind in mode for kind in "wa+")
+        with files.transfer("write" if writes else "read", str(path)) as under_way:
+            with self._fs.create_stream(path, mode) as stream:
+                yield files.counted(stream, under_way) if writes else stream
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._fs, name)
+        verb = self.VERBS.get(name)
+        if verb is None:
+            return attribute  # no call to the store (concat_path, init_path, ...)
+
+        def watched(path, *args, **kwargs):
+            with files.transfer(verb, str(path)):
+                return attribute(path, *args, **kwargs)
+        return watched
+
+
 def _watched_writer(target: str) -> StorageWriter:
-    """DCP's writer for target (local, or any fsspec URL), each file it writes a transfer the watchdog
-    sees: a shard whose bytes stop moving is named like any snapshot write (common/files.py)."""
+    """DCP's writer for target (local, or any fsspec URL), each call it makes to the store a transfer
+    the watchdog sees (WatchedFileSystem)."""
     writer = FsspecWriter(target) if files.is_remote(target) else FileSystemWriter(target)
-    writer.fs.create_stream = files.watched_streams(writer.fs.create_stream)
+    writer.fs = WatchedFileSystem(writer.fs)
     return writer
 
 
@@ -195,11 +229,21 @@ class ShardedSnapshotStore:
         epoch's snapshot right after a step snapshot) rewrites info.pt only: the shards would be
         the same, and rewriting them in place would leave a folder marked complete while they are
         half-written."""
+        self._restored: tuple[Optional[int], str] = (None, "")
+        """The step and folder of the snapshot this run resumed from."""
 
     def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: Snapshot, is_main: bool) -> None:
-        """Every rank writes its shard; then rank 0 marks the folder complete and prunes old ones."""
-        self.capture(model, optimizer, info, is_main)()
-        barrier()  # no rank moves on (or exits) before the snapshot is complete
+        """Every rank writes its shard; then rank 0 marks the folder complete and prunes old ones. No
+        rank returns before the snapshot is complete, and when any rank's part failed (rank 0's
+        info.pt alone, say) every rank raises its error instead of waiting for that rank for good."""
+        error = None
+        try:
+            self.capture(model, optimizer, info, is_main)()
+        except MinGPTError as failed:
+            error = failed
+        said = first_said(str(error) if error is not None else None)
+        if said is not None:
+            raise error or SnapshotError(said)
 
     def capture(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: Snapshot, is_main: bool,
                 copy: Callable[[Any], Any] = lambda state: state) -> Callable[[], None]:
@@ -237,6 +281,9 @@ class ShardedSnapshotStore:
     def _folder_of(self, step: Optional[int]) -> Optional[str]:
         return f"{self.path}/sharded_{step:09d}" if step is not None else None
 
+    def location(self, step: int) -> str:
+        return self._restored[1] if step == self._restored[0] else self._folder_of(step)
+
     def confirm(self, step: int) -> None:
         self.confirmed = step
 
@@ -255,11 +302,13 @@ class ShardedSnapshotStore:
                 vocab: list[str], tokenizer: str = "") -> tuple[Optional[Snapshot], Optional[str]]:
         """Load the newest complete snapshot into this rank's shards; return its info and path."""
         entries = self._entries()
+        check_format(self.path, "sharded", entries, list_entries(self.path))
         if not entries:
             return None, None
         folder = entries[-1]
         info = read_snapshot(f"{folder}/{SHARDED_INFO}")
         info.check_matches(model_config, vocab, folder, tokenizer)
+        info.check_optimizer(optimizer.param_groups, folder)
         tensors, _ = _sharded_state(model, optimizer)
         try:
             with _quiet_dcp():
@@ -272,7 +321,7 @@ class ShardedSnapshotStore:
             raise SnapshotError(f"sharded snapshot {folder} cannot be loaded ({_reason(e)}); move it away"
                                 f"{earlier} or set trainer_config.snapshot_path to another location"
                                 ) from None
-        self._shards_step = info.step
+        self._shards_step, self._restored = info.step, (info.step, folder)
         return info, folder
 
     def _entries(self) -> list[str]:

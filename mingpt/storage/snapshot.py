@@ -28,10 +28,11 @@ import torch.nn as nn
 
 from mingpt.common import files
 from mingpt.common.errors import SnapshotError, short_reason
-from mingpt.model import VOCABULARY_WEIGHTS, padded_vocab_size
+from mingpt.model import MUON_GROUP, VOCABULARY_WEIGHTS, padded_vocab_size
 
 TRAINING_KEY = "trainer_config.snapshot_path"
 """What the user sets to point at snapshots; error messages name it (a command may name its own)."""
+OPTIMIZER_KEY = "optimizer_config.name"
 FOLDER_ENTRY = re.compile(r"snapshot_(\d+)\.pt$")
 SHARDED_ENTRY = re.compile(r"sharded_(\d+)$")
 """A sharded snapshot's folder in a run folder (sharded_store.py writes them)."""
@@ -124,6 +125,26 @@ class Snapshot(Progress):
         if self.vocab != vocab or self.tokenizer != tokenizer:
             raise SnapshotError(f"snapshot {path} was trained on another vocabulary; set "
                                 "trainer_config.snapshot_path to a new location or use the snapshot's data")
+
+    def check_optimizer(self, param_groups: list[dict[str, Any]], path: str) -> None:
+        """Refuse a snapshot of another optimizer (optimizer_config.name) than param_groups' (this run's),
+        naming both: AdamW's moments and Muon's momentum are not each other's, and loading one into the
+        other fails deep inside torch (a KeyError of a parameter's state). Not converted: a run that
+        changes optimizer starts afresh (docs/snapshots.md)."""
+        groups = self.optimizer_state.get("param_groups")
+        if not groups:
+            return  # the state of a snapshot without param_groups is judged as it is loaded
+        theirs, ours = optimizer_name(groups), optimizer_name(param_groups)
+        if theirs != ours:
+            raise SnapshotError(f"snapshot {path} was trained with {OPTIMIZER_KEY}={theirs}, and this run's is "
+                                f"{ours}; set {OPTIMIZER_KEY}={theirs} to resume it, or set {TRAINING_KEY} to a "
+                                f"new location to start afresh with {ours}")
+
+
+def optimizer_name(param_groups: list[dict[str, Any]]) -> str:
+    """The optimizer_config.name whose optimizer has these parameter groups (MuonWithAdamW flags its
+    own; a snapshot keeps them as they were)."""
+    return "muon" if any(group.get(MUON_GROUP) for group in param_groups) else "adamw"
 
 
 def write_snapshot(snapshot: Snapshot, path: str) -> None:

@@ -14,6 +14,8 @@ from mingpt.common.errors import SnapshotError, short_reason
 from mingpt.distributed.parallel import gather_full_state, restore_full_state, unwrap
 from mingpt.storage.snapshot import (
     FOLDER_ENTRY,
+    SHARDED_ENTRY,
+    TRAINING_KEY,
     Snapshot,
     beside,
     check_tensors_fit,
@@ -21,11 +23,15 @@ from mingpt.storage.snapshot import (
     list_entries,
     newest_snapshot,
     repadded,
+    sharded_entries,
     snapshot_folder,
     step_of,
     write_error,
     write_snapshot,
 )
+
+FORMAT_KEY = "trainer_config.snapshot_format"
+_PATTERNS = {"single": FOLDER_ENTRY, "sharded": SHARDED_ENTRY}
 
 
 @dataclass(frozen=True)
@@ -68,7 +74,11 @@ class SnapshotStore(Protocol):
 
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, model_config: dict[str, Any],
                 vocab: list[str], tokenizer: str = "") -> tuple[Optional[Snapshot], Optional[str]]:
-        """Load the newest snapshot, if any, into this rank's model and optimizer: its info and path."""
+        """Load the newest snapshot, if any, into this rank's model and optimizer: its info and path.
+        A snapshot path whose newest snapshot is of the other format is refused (check_format)."""
+
+    def location(self, step: int) -> str:
+        """Where the snapshot of step is, written or restored (what a line names)."""
 
 
 class FullStateStore:
@@ -85,6 +95,8 @@ class FullStateStore:
         """The step of the snapshot at path (a single file), as this run wrote or read it."""
         self._last_good: Optional[int] = None
         """The step of the copy at last_good_path (a single file), kept by this run."""
+        self._restored: tuple[Optional[int], str] = (None, "")
+        """The step and path of the snapshot this run resumed from."""
 
     @property
     def last_good_path(self) -> str:
@@ -144,6 +156,11 @@ class FullStateStore:
     def _entry(self, step: Optional[int]) -> Optional[str]:
         return f"{self.folder}/snapshot_{step:09d}.pt" if step is not None else None
 
+    def location(self, step: int) -> str:
+        if self._restored[0] == step:
+            return self._restored[1]
+        return self._entry(step) if self.is_folder else self.path
+
     def set_aside(self) -> SetAside:
         if self.is_folder:
             return set_aside_entries(list_entries(self.path), FOLDER_ENTRY, self.confirmed,
@@ -164,12 +181,16 @@ class FullStateStore:
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, model_config: dict[str, Any],
                 vocab: list[str], tokenizer: str = "") -> tuple[Optional[Snapshot], Optional[str]]:
         """Load the newest snapshot, if any, into this rank's model and optimizer."""
+        if self.is_folder:  # a folder may hold the other format's (sharded_<step>/) instead
+            check_format(self.path, "single", list_entries(self.path), sharded_entries(self.path))
         snapshot, path = newest_snapshot(self.path)
         if snapshot is None:
             return None, None
         self.newest = snapshot.step
         snapshot = repadded(snapshot, model_config)
         snapshot.check_matches(model_config, vocab, path, tokenizer)
+        snapshot.check_optimizer(optimizer.param_groups, path)
+        self._restored = (snapshot.step, path)
         try:
             check_tensors_fit(unwrap(model), snapshot)
             restore_full_state(model, optimizer, snapshot.model_state, snapshot.optimizer_state)
@@ -177,6 +198,22 @@ class FullStateStore:
             raise SnapshotError(f"snapshot {path} does not fit this model and optimizer ({short_reason(e)}); "
                                 "set trainer_config.snapshot_path to a new location") from None
         return snapshot, path
+
+
+def check_format(folder: str, snapshot_format: str, ours: list[str], theirs: list[str]) -> None:
+    """Refuse a snapshot folder whose newest snapshot is of the other format, in one line naming the
+    key, rather than ignore it: the run would start from an older snapshot of its own format, or from
+    scratch, and write its own beside it. ours, theirs: complete entries of each format, oldest first."""
+    other = "sharded" if snapshot_format == "single" else "single"
+    if not theirs:
+        return
+    newest = step_of(theirs[-1], _PATTERNS[other])
+    if ours and step_of(ours[-1], _PATTERNS[snapshot_format]) >= newest:
+        return  # its own is the newest: older snapshots of the other format are history
+    raise SnapshotError(
+        f"{FORMAT_KEY}: {folder} holds {other} snapshots, the newest {theirs[-1]} (step {newest}), and this "
+        f"run reads and writes {snapshot_format} ones; set {FORMAT_KEY}={other} to resume from it, or set "
+        f"{TRAINING_KEY} to another location")
 
 
 def set_aside_entries(entries: list[str], pattern: re.Pattern, confirmed: Optional[int],

@@ -25,6 +25,19 @@ def test_a_store_s_failure_is_one_line_naming_the_file_and_still_an_os_error(tmp
         files.read_bytes(str(tmp_path / "none"))
 
 
+def test_a_store_s_failure_passes_between_processes_as_it_is(tmp_path):
+    """torch.distributed.checkpoint hands each rank's failure to the others pickled: a StorageError
+    (whose cause, a store's own exception, may not unpickle) arrives as the same line and reason."""
+    import pickle
+
+    with pytest.raises(StorageError) as failed:
+        files.read_bytes(str(tmp_path))  # a folder: IsADirectoryError
+    arrived = pickle.loads(pickle.dumps(failed.value))
+    assert type(arrived) is StorageError and isinstance(arrived, OSError)
+    assert str(arrived) == str(failed.value) and short_reason(arrived) == short_reason(failed.value)
+    assert short_reason(arrived).startswith("IsADirectoryError")
+
+
 def test_a_bug_in_what_a_write_writes_keeps_its_traceback(tmp_path):
     def buggy(f):
         raise KeyError("a bug")
