@@ -4,19 +4,26 @@ test to look at afterwards."""
 import contextlib
 import socket
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
 
 class FlakyLink:
     """Forwards 127.0.0.1:<port> to upstream. cut(): connections reset and refused, as when the server
     or its host has gone. freeze(): connections stay open and nothing gets through, as when a server
-    stops answering or a link is saturated. heal(): as before."""
+    stops answering or a link is saturated. freeze_at(marker): the same, from the moment a request
+    holding marker passes (a store that stops answering in a chosen call). refuse(which): a request
+    which(request) picks resets its connection (a store that refuses writes, say), the others pass.
+    heal(): as before."""
 
     def __init__(self, upstream: tuple[str, int]):
         self.upstream = upstream
         self._open = threading.Event()
         self._open.set()
         self._cut = False
+        self._freeze_at: Optional[bytes] = None
+        self._refused: Optional[Callable[[bytes], bool]] = None
+        self.refusals = 0
+        """Requests refused so far."""
         self._connections: list[socket.socket] = []
         self._lock = threading.Lock()
         self._listener: Optional[socket.socket] = None
@@ -48,15 +55,22 @@ class FlakyLink:
                 continue
             with self._lock:
                 self._connections += [client, server]
-            for source, target in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
+            for source, target, requests in ((client, server, True), (server, client, False)):
+                threading.Thread(target=self._pump, args=(source, target, requests), daemon=True).start()
 
-    def _pump(self, source: socket.socket, target: socket.socket) -> None:
+    def _pump(self, source: socket.socket, target: socket.socket, requests: bool) -> None:
         with contextlib.suppress(OSError):
             while True:
                 data = source.recv(65536)
                 if not data:
                     break
+                if requests and self._freeze_at is not None and self._freeze_at in data:
+                    self._open.clear()
+                if requests and self._refused is not None and self._refused(data):
+                    self.refusals += 1
+                    _reset(source)
+                    _reset(target)
+                    return
                 self._open.wait()  # frozen: held until healed (or cut)
                 if self._cut:
                     break
@@ -68,6 +82,15 @@ class FlakyLink:
     def freeze(self) -> None:
         self._open.clear()
 
+    def freeze_at(self, marker: bytes) -> None:
+        """Freeze once a request holding marker (a key's name, say) comes, before it reaches the server."""
+        self._freeze_at = marker
+
+    def refuse(self, which: Optional[Callable[[bytes], bool]]) -> None:
+        """Reset the connection of every request which(request) picks (its bytes as they arrive, the
+        request line first); None: refuse none."""
+        self._refused = which
+
     def cut(self) -> None:
         """Refuse new connections and reset the open ones."""
         self._cut = True
@@ -75,13 +98,19 @@ class FlakyLink:
         with self._lock:
             connections, self._connections = self._connections, []
         for connection in connections:
-            with contextlib.suppress(OSError):
-                connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-                connection.close()
+            _reset(connection)
         self._open.set()
 
     def heal(self) -> None:
+        self._freeze_at = self._refused = None
         if self._cut:
             self._cut = False
             self._listen()
         self._open.set()
+
+
+def _reset(connection: socket.socket) -> None:
+    """Close with a reset (RST), as a dropped connection does."""
+    with contextlib.suppress(OSError):
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        connection.close()

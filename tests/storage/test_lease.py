@@ -1,14 +1,27 @@
 """lease.py: one run per snapshot path. Holders are real processes (a live one, an ended one) or
 leases another host would have written; two real training runs meet on one path at the end."""
 import json
+import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 import psutil
 import pytest
-from helpers import MAIN, TORCHRUN, assert_ok, kill_tree, one_error_line, run_main, start_until, tiny_overrides
+from helpers import (
+    MAIN,
+    TORCHRUN,
+    assert_ok,
+    kill_tree,
+    one_error_line,
+    run_main,
+    sha256,
+    start_until,
+    tiny_overrides,
+)
 
 from mingpt.common.errors import SnapshotError
 from mingpt.reporting.metrics import read_metrics
@@ -23,8 +36,9 @@ def write_lease(url, pid: int, host: str = "", refreshed_ago: float = 0.0, **fie
     started = psutil.Process(pid).create_time() if psutil.pid_exists(pid) else time.time() - 60
     holder = Holder(token="theirs", host=host or socket.gethostname(), pid=pid, started=started,
                     refreshed=time.time() - refreshed_ago, **fields)
-    with open(url, "w") as f:
+    with open(f"{url}.tmp", "w") as f:  # replaced whole, as a run writes it: a refresher never reads it torn
         json.dump(holder.__dict__, f)
+    os.replace(f"{url}.tmp", url)
 
 
 @pytest.fixture
@@ -106,6 +120,60 @@ def test_a_run_whose_lease_was_taken_over_learns_it_and_does_not_remove_it(tmp_p
     assert json.loads(open(lease_path(snapshot)).read())["token"] == "theirs"
 
 
+def holder_of(snapshot: str) -> dict:
+    return json.loads(open(lease_path(snapshot)).read())
+
+
+def test_the_lease_is_refreshed_again_and_again(tmp_path, monkeypatch):
+    """A refresher that stopped after its first refresh would leave a live run's lease to go stale,
+    to be taken over by the next run on the path while this one trains on."""
+    monkeypatch.setattr(lease, "REFRESH_S", 0.05)
+    snapshot = str(tmp_path / "snap.pt")
+    refreshes = set()
+    with SnapshotLease(snapshot):
+        deadline = time.monotonic() + 10
+        while len(refreshes) < 5:
+            assert time.monotonic() < deadline, f"refreshed {len(refreshes) - 1} time(s) in 10 s, every 0.05 s asked"
+            refreshes.add(holder_of(snapshot)["refreshed"])
+            time.sleep(0.02)
+
+
+def test_a_run_whose_lease_another_run_took_over_saves_no_more(tmp_path, monkeypatch, world_of_one, other_process):
+    """Another run took the lease over (it thought this one gone): within a refresh this run knows it
+    (failed(), which the Trainer asks at every step, and every rank then stops at the same step), its
+    next save writes nothing and raises the one line, and the other run's lease is left as it is."""
+    import torch
+
+    from mingpt.model import GPT, GPTConfig, OptimizerConfig, create_optimizer
+    from mingpt.storage.checkpointer import Checkpointer, SnapshotPolicy
+    from mingpt.storage.snapshot import Progress, read_snapshot
+
+    monkeypatch.setattr(lease, "REFRESH_S", 0.05)
+    snapshot = str(tmp_path / "snap.pt")
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, vocab_size=2, block_size=4))
+    training = model, create_optimizer(model, OptimizerConfig()), torch.amp.GradScaler("cpu", enabled=False)
+    saver = Checkpointer(SnapshotPolicy(path=snapshot), world_of_one, vocab=list("ab"))
+    try:
+        saver.save("step 10", Progress(step=10, epoch_step=10, epoch_samples=40), *training)
+        time.sleep(0.2)
+        assert not saver.failed()  # its own refreshes are no takeover
+        write_lease(lease_path(snapshot), other_process.pid)
+        deadline = time.monotonic() + 10
+        while not saver.failed():
+            assert time.monotonic() < deadline, "the run never learnt that its lease was taken over"
+            time.sleep(0.02)
+        with pytest.raises(SnapshotError) as stopped:
+            saver.save("step 20", Progress(step=20, epoch_step=20, epoch_samples=80), *training)
+    finally:
+        saver.release()
+    assert str(stopped.value) == (
+        f"trainer_config.snapshot_path: another run (host {socket.gethostname()}, pid {other_process.pid}) took "
+        f"over the lease {lease_path(snapshot)} while this run could not refresh it; this run stops without "
+        "writing over that run's snapshots")
+    assert read_snapshot(snapshot).step == 10
+    assert holder_of(snapshot)["token"] == "theirs"
+
+
 def test_a_torn_lease_is_taken_over(tmp_path):
     snapshot = str(tmp_path / "snap.pt")
     (tmp_path / "snap.lease.json").write_text('{"token": "theirs", "ho')
@@ -126,6 +194,81 @@ def test_a_lease_on_s3_refuses_a_second_run(s3, monkeypatch, other_process):
     from mingpt.common import files
 
     assert not files.exists(lease_path(snapshot))
+
+
+def test_the_refresher_outlives_writes_the_store_refuses(s3, monkeypatch):
+    """The store refuses the lease's writes for a while (its connections reset; reads still pass):
+    every refresh then fails, after s3fs's retries. A refresher that ended at its first failed write
+    would let the lease go stale while the run lives; once the writes pass again, it refreshes."""
+    from urllib.parse import urlsplit
+
+    import fsspec
+    from flaky_link import FlakyLink
+
+    upstream = urlsplit(s3.endpoint)
+    link = FlakyLink((upstream.hostname, upstream.port))
+    for key, value in s3.env(AWS_ENDPOINT_URL=link.endpoint).items():
+        monkeypatch.setenv(key, value)
+    fsspec.get_filesystem_class("s3").clear_instance_cache()
+    monkeypatch.setattr(lease, "REFRESH_S", 0.2)
+    snapshot = f"s3://{s3.bucket}/refused-writes/snap.pt"
+
+    def refreshed() -> float:
+        return json.loads(fsspec.filesystem("s3", skip_instance_cache=True).cat_file(lease_path(snapshot)))["refreshed"]
+
+    try:
+        with SnapshotLease(snapshot) as held:
+            link.refuse(lambda request: re.match(rb"PUT \S*lease\.json", request) is not None)
+            deadline = time.monotonic() + 60
+            while link.refusals < 2 * 6:  # two refreshes' writes, with s3fs's five retries each
+                assert time.monotonic() < deadline, f"{link.refusals} write(s) refused in 60 s"
+                time.sleep(0.1)
+            last = refreshed()
+            time.sleep(1)
+            assert refreshed() == last  # the writes did fail
+            link.refuse(None)
+            allowed_at = time.time()
+            deadline = time.monotonic() + 30
+            while refreshed() <= allowed_at:
+                assert time.monotonic() < deadline, "the refresher never refreshed again after failed writes"
+                time.sleep(0.1)
+            assert held.lost() is None
+    finally:
+        link.heal()
+        fsspec.get_filesystem_class("s3").clear_instance_cache()  # made through the link
+
+
+@pytest.mark.slow
+def test_a_real_run_whose_lease_is_taken_over_stops_before_its_next_snapshot(text_file, tmp_path, other_process):
+    """A run trains, its lease refreshed every 0.1 s; another run takes the lease over (it took this
+    one for gone) after the snapshot of step 200. Within a refresh and a step or two the run stops
+    (long before step 400, its next snapshot, where a run that only checked at its saves would stop):
+    one line naming the other run, exit status 1, its snapshot as it was, and the other run's lease
+    left in place."""
+    snapshot = tmp_path / "snap.pt"
+    overrides = tiny_overrides(text_file, snapshot, trainer_config__max_epochs=40, trainer_config__log_every=1,
+                               trainer_config__save_every_steps=200, trainer_config__save_every=100)
+    run, seen = start_until([sys.executable, MAIN, *overrides], "Snapshot saved at step 200",
+                            {"MINGPT_LEASE_REFRESH_S": "0.1"})
+    try:
+        saved = sha256(snapshot)
+        write_lease(str(tmp_path / "snap.lease.json"), other_process.pid)
+        try:
+            rest, _ = run.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            rest = ""
+    finally:
+        kill_tree(run)
+    output = "".join(seen) + rest
+    trained_after = len(re.findall(r"\| Train Loss", rest))  # one line a step
+    assert trained_after < 100, f"trained {trained_after} steps on after its lease was taken over at step 200"
+    assert run.returncode == 1, output[-2000:]
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: trainer_config.snapshot_path: another run (host {socket.gethostname()}, pid "
+                      f"{other_process.pid}) took over the lease {tmp_path / 'snap.lease.json'} while this run could "
+                      "not refresh it; this run stops without writing over that run's snapshots"], output[-2000:]
+    assert sha256(snapshot) == saved
+    assert json.loads((tmp_path / "snap.lease.json").read_text())["token"] == "theirs"
 
 
 @pytest.mark.slow
