@@ -19,10 +19,12 @@ from typing import Optional
 import torch
 
 from mingpt.char_dataset import open_corpus, prepare_corpus
+from mingpt.cluster_check import CheckedCluster, check_run
 from mingpt.common.errors import OneLineArgumentParser, check, command
 from mingpt.distributed.precision import AMP_DTYPES, cpu_has_native_bf16, dtype_name
 from mingpt.planning.advice import Setting, describe, plan_rows, recommend, table
-from mingpt.planning.memory import host_memory_available
+from mingpt.planning.check import checked_ranks
+from mingpt.planning.memory import SimulatedDevice, host_memory_available
 from mingpt.planning.step_time import Cluster
 from mingpt.reporting.flops import GPU_PEAKS, cpu_peak_flops
 from mingpt.run_config import CONFIG_NAME_HELP, DEFAULT_CONFIG, from_command_line
@@ -100,6 +102,12 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace, li
                         help="scaling efficiency the recommended gradient accumulation must reach "
                         "(default: %(default)s)")
     parser.add_argument("--vocab-size", type=int, help="the data's vocabulary size (default: read the data)")
+    parser.add_argument("--check", action="store_true",
+                        help="instead of planning, start ranks of the run in this process on torch's fake "
+                        "process group, through main.py's start-up and one real step at the configured "
+                        "batch, and say what each holds and reads (docs/distributed.md)")
+    parser.add_argument("--ranks", help="with --check: the ranks to start, comma-separated (default: 0, "
+                        "the middle one and the last)")
     return parser.parse_known_args(argv)
 
 
@@ -167,11 +175,28 @@ def make_setting(config, options: ClusterOptions, vocab_size: int) -> Setting:
     return Setting(model, tc.batch_size, placement, tc.activation_checkpointing, cluster, options.efficiency)
 
 
+def checked_cluster(config, options: ClusterOptions) -> CheckedCluster:
+    """The cluster a check's ranks stand for: its world, and each rank's device, precision and memory."""
+    device_type = CPU_DEVICE if options.device == CPU_DEVICE else "cuda"
+    dtype = compute_dtype(config, device_type)
+    cluster = build_cluster(options, dtype)
+    device = SimulatedDevice(device_type, dtype, options.device, cluster.memory)
+    return CheckedCluster(options.nodes, options.gpus_per_node, device)
+
+
 @command
 def main(argv: Optional[list[str]] = None) -> None:
     args, overrides = parse_args(argv)
     options = cluster_options(args)
+    check(args.ranks is None or args.check, "--ranks", "chooses the ranks of --check; add --check")
     config = from_command_line(overrides, "plan.py", args.config_name)
+    if args.check:
+        cluster = checked_cluster(config, options)
+        ranks = checked_ranks(cluster.world_size, args.ranks)
+        lines = check_run(config, cluster, ranks)
+        assumed = [] if args.device else [f"Assumed: {options.device} (no --device given)"]
+        print("\n".join([*assumed, *lines]))
+        return
     setting = make_setting(config, options, vocab_size_of(config, args.vocab_size))
     rows = plan_rows(setting)
     assumed = [] if args.device else [f"Assumed: {options.device} (no --device given); --device, --nodes and "

@@ -7,8 +7,12 @@ What a step holds comes from the project's own step, traced on tensors without m
 parameters. What the method adds is counted here, at every moment of the traced step that can be
 the peak, and the largest sum wins:
 - parameters: fp32 master weights (4 bytes each; mixed precision casts for compute and keeps
-  these), divided by the ranks that shard them (fsdp: all; hsdp: a node's; ddp: none);
-- AdamW's two moments: 8 bytes per parameter, sharded alike;
+  these), divided by the ranks that shard them (fsdp: all; hsdp: a node's; ddp: none) as FSDP2
+  divides them: each parameter's rows in chunks of ceil(rows / ranks), each rank's chunk padded to
+  that size (so rank 0 holds the most, and at hundreds of ranks a parameter of fewer rows than ranks
+  costs every rank a whole row: 18% above an even share for gpt2 over 512 ranks);
+- AdamW's two moments (8 bytes per parameter, of this rank's rows, unpadded) and a step count per
+  parameter (4 bytes), sharded alike;
 - gradients: fp32, whole under DDP; under FSDP the block being differentiated (and the embeddings
   and head, reduced last) whole in the compute dtype, the others as fp32 shards;
 - buffers: DDP's gradient buckets (a fifth fp32 copy: gradient_as_bucket_view is off); FSDP's
@@ -22,11 +26,12 @@ Gradient accumulation keeps every gradient, unsharded under FSDP, through the la
 Not counted: torch's own working memory outside tensors, and what the memory allocator keeps
 cached or fragmented (on the CPU, glibc; on a GPU, the caching allocator's reserve); a compiled
 model (compile=True) is estimated as it runs uncompiled. bench/bench_plan.py checks the estimate
-against measured peaks.
+against measured peaks, bench/bench_check.py the state per rank against ranks simulated at up to 1,024
+(plan.py --check), which run their start-up's memory check against the cluster's device (simulating).
 """
-import math
+import contextlib
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
@@ -95,6 +100,10 @@ class MemoryEstimate:
         return ", ".join(f"{name} {gb(size)}" for name, size in parts)
 
 
+Shapes = tuple[tuple[int, int], ...]
+"""Parameters as (rows, elements per row): what FSDP2 shards (dim 0) and what each row holds."""
+
+
 @dataclass(frozen=True)
 class ModelSizes:
     total: int
@@ -102,26 +111,80 @@ class ModelSizes:
     n_layer: int
     hidden: int = 0
     """Parameters of the blocks' weight matrices (what Muon trains, model.hidden_matrices)."""
+    block_shapes: Shapes = ()
+    """One block's parameters."""
+    root_shapes: Shapes = ()
+    """The parameters outside the blocks."""
 
     @property
     def root(self) -> int:
         """Parameters outside the blocks: the embeddings, the final LayerNorm and the head."""
         return self.total - self.n_layer * self.per_block
 
+    @property
+    def tensors(self) -> int:
+        """Parameter tensors of the whole model."""
+        return self.n_layer * len(self.block_shapes) + len(self.root_shapes)
+
+    def shard_bytes(self, shards: int, index: Optional[int] = None, block: bool = False) -> int:
+        """fp32 bytes of the shards one rank holds of every parameter (block: of one block's), as
+        FSDP2 cuts them: dim 0 in chunks of ceil(rows / shards). index None: the chunk FSDP2
+        allocates on every rank (padded to the full chunk); else the rows shard `index` holds, unpadded
+        (the last shards are shorter, or empty, when the rows do not divide)."""
+        def rows_of(rows: int) -> int:
+            chunk = -(-rows // shards)
+            return chunk if index is None else max(0, min(chunk, rows - chunk * index))
+
+        parts = [(self.block_shapes, 1)]
+        if not block:
+            parts = [(self.block_shapes, self.n_layer), (self.root_shapes, 1)]
+        return FP32 * sum(times * rows_of(rows) * width for shapes, times in parts for rows, width in shapes)
+
+
+def shapes_of(parameters) -> Shapes:
+    return tuple((p.shape[0], p[0].numel()) if p.dim() else (1, 1) for p in parameters)
+
 
 def model_sizes(config: GPTConfig) -> ModelSizes:
     model = meta_model(config)
     total = sum(p.numel() for p in model.parameters())
+    in_blocks = {id(p) for p in model.blocks.parameters()}
     return ModelSizes(total, block_parameters(config), config.n_layer,
-                      hidden=sum(p.numel() for p in hidden_matrices(model)))
+                      hidden=sum(p.numel() for p in hidden_matrices(model)),
+                      block_shapes=shapes_of(model.blocks[0].parameters()),
+                      root_shapes=shapes_of(p for p in model.parameters() if id(p) not in in_blocks))
 
 
 def optimizer_state(sizes: ModelSizes, placement: Placement) -> int:
-    """Bytes of the optimizer's state of the whole model: AdamW's two fp32 moments per parameter, or
-    Muon's one momentum per hidden matrix's parameter and AdamW's two for the rest."""
+    """Bytes of the optimizer's state of the whole model: AdamW's two fp32 moments per parameter and a
+    step count per parameter tensor, or Muon's one momentum per hidden matrix's parameter and AdamW's
+    two for the rest."""
     if placement.optimizer == "muon":
         return FP32 * (ADAMW_MOMENTS * (sizes.total - sizes.hidden) + sizes.hidden)
-    return FP32 * ADAMW_MOMENTS * sizes.total
+    return FP32 * (ADAMW_MOMENTS * sizes.total + sizes.tensors)
+
+
+@dataclass(frozen=True)
+class RankState:
+    """What one rank holds between steps, by the planner: what plan.py --check measures."""
+
+    parameters: int
+    gradients: int
+    optimizer: int
+
+
+def rank_state(config: GPTConfig, placement: Placement, rank: int = 0) -> RankState:
+    """The fp32 parameters, fp32 gradients and AdamW state that `rank` holds after a step (rank 0
+    holds the most). Sharded: FSDP2's padded chunks of parameters and gradients, the optimizer's
+    state of this rank's rows; hsdp shards over a node's ranks, by local rank."""
+    sizes = model_sizes(config)
+    if not placement.sharded:
+        whole = FP32 * sizes.total
+        return RankState(whole, whole, optimizer_state(sizes, placement))
+    index = rank % placement.ranks_per_node if placement.method == "hsdp" else rank
+    own = sizes.shard_bytes(placement.shards)
+    moments = ADAMW_MOMENTS * sizes.shard_bytes(placement.shards, index)
+    return RankState(own, own, moments + FP32 * sizes.tensors)
 
 
 def estimate_memory(config: GPTConfig, batch_size: int, checkpointing: str,
@@ -153,21 +216,22 @@ def _ddp_moment(point: Point, block_gradients: int, sizes: ModelSizes, batch_siz
 def _sharded_moment(point: Point, block_gradients: int, sizes: ModelSizes, batch_size: int,
                     placement: Placement) -> MemoryEstimate:
     moment, shards = point.moment, placement.shards
-    own = math.ceil(FP32 * sizes.total / shards)  # this rank's fp32 shard of all parameters
+    own = sizes.shard_bytes(shards)  # rank 0's fp32 shard of all parameters (FSDP2's padded chunks)
+    moments = ADAMW_MOMENTS * own + FP32 * sizes.tensors  # rank 0 holds whole chunks: no padding to drop
     compute = _element_size(placement.compute_dtype)
     made = moment.other_gradients + moment.block_gradients
     done = sizes.n_layer if placement.device_type == "cpu" else point.blocks_done  # CPU: kept in the pool
-    shard_gradients = math.ceil(done * FP32 * sizes.per_block / shards)
+    shard_gradients = done * sizes.shard_bytes(shards, block=True)
     if placement.grad_accum_steps > 1:  # no_sync keeps the unsharded gradients, in fp32
         made, shard_gradients = FP32 * sizes.total + moment.block_gradients, 0
-    state = own + shard_gradients + ADAMW_MOMENTS * own  # offloaded to the host with cpu_offload
+    state = own + shard_gradients + moments  # offloaded to the host with cpu_offload
     offloaded = placement.cpu_offload and placement.device_type != "cpu"
     staging = _staging(placement, own if placement.snapshot_staging == "sharded" else FP32 * sizes.total)
     on_host = placement.device_type == "cpu"
     buffers = _gathered(point, sizes, compute, placement) + _collective_buffers(sizes, compute, placement)
     return MemoryEstimate(
         parameters=0 if offloaded else own, gradients=made + (0 if offloaded else shard_gradients),
-        optimizer=0 if offloaded else ADAMW_MOMENTS * own, activations=moment.at(batch_size),
+        optimizer=0 if offloaded else moments, activations=moment.at(batch_size),
         buffers=buffers + (staging if on_host else 0),
         host=(state if offloaded else 0) + (0 if on_host else staging))
 
@@ -187,8 +251,9 @@ def _collective_buffers(sizes: ModelSizes, compute: int, placement: Placement) -
     """The all-gathers' and reduce-scatters' flat buffers."""
     if placement.device_type == "cpu":  # kept for the run by cpu_collectives.HostBuffers
         block = (CPU_BLOCK_BUFFERS // 2) * (compute + FP32) * sizes.per_block  # gathers, and fp32 reductions
-        root = CPU_ROOT_BUFFERS * FP32 * sizes.root + math.ceil(FP32 * sizes.root / placement.shards)
-        return block + root
+        shards = placement.shards
+        root_shard = sizes.shard_bytes(shards) - sizes.n_layer * sizes.shard_bytes(shards, block=True)
+        return block + CPU_ROOT_BUFFERS * FP32 * sizes.root + root_shard
     return (compute + FP32) * sizes.per_block  # a block's all-gather output and reduce-scatter input
 
 
@@ -303,10 +368,42 @@ def largest_batch(config: GPTConfig, checkpointing: str, placement: Placement, f
     return low
 
 
+@dataclass(frozen=True)
+class SimulatedDevice:
+    """The device a rank simulated on this machine stands for (plan.py --check): its start-up's
+    memory check is of a step on that device, in its precision, against its memory."""
+
+    device_type: str
+    compute_dtype: Optional[torch.dtype]
+    name: str
+    """As the plan names it: "H100", "cpu"."""
+    memory: Optional[int]
+    """Bytes a rank may use there (a GPU's, less what training cannot use; a CPU rank's share)."""
+    host_memory: Optional[int] = None
+    """Bytes of a node's host memory, for what a GPU run keeps there (None: not checked)."""
+
+
+_SIMULATED: list[Optional[SimulatedDevice]] = [None]
+
+
+@contextlib.contextmanager
+def simulating(device: SimulatedDevice) -> Iterator[None]:
+    """Plan every rank started in this context as a rank of `device` (planning/check.py's ranks,
+    which run on this CPU)."""
+    _SIMULATED[0] = device
+    try:
+        yield
+    finally:
+        _SIMULATED[0] = None
+
+
 def plan_memory(config: GPTConfig, placement: Placement, batch_size: int, checkpointing: str,
                 env: DistEnv) -> MemoryPlan:
     """This rank's plan for a step of batch_size, before anything is allocated: the step in GPU
     memory, or in host memory shared with the machine's other ranks (CPU ranks)."""
+    simulated = _SIMULATED[0]
+    if simulated is not None:
+        return _simulated_plan(config, placement, batch_size, checkpointing, env, simulated)
     estimate = estimate_memory(config, batch_size, checkpointing, placement)
     if env.device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(env.device)
@@ -320,6 +417,31 @@ def plan_memory(config: GPTConfig, placement: Placement, batch_size: int, checkp
     fits = fits_in(plan.available, plan.sharers, plan.host_available, plan.host_sharers)
     advice = suggest(config, batch_size, checkpointing, placement, fits)
     return replace(plan, advice=advice)
+
+
+def _simulated_plan(config: GPTConfig, placement: Placement, batch_size: int, checkpointing: str,
+                    env: DistEnv, device: SimulatedDevice) -> MemoryPlan:
+    """A simulated rank's plan: the step on the device it stands for, in that device's precision."""
+    placement = replace(placement, device_type=device.device_type, compute_dtype=device.compute_dtype)
+    estimate = estimate_memory(config, batch_size, checkpointing, placement)
+    gpu = device.device_type == "cuda"
+    where = dict(sharers=1, memory=f"{device.name} memory", available=device.memory,
+                 host_available=device.host_memory if gpu else None, host_sharers=env.local_world_size)
+    plan = MemoryPlan(placement.method, estimate, batch_size, **where)
+    if plan.fits:
+        return plan
+    fits = fits_in(plan.available, plan.sharers, plan.host_available, plan.host_sharers)
+    return replace(plan, advice=suggest(config, batch_size, checkpointing, placement, fits))
+
+
+def forward_activations(config: GPTConfig, batch_size: int, checkpointing: str, placement: Placement) -> int:
+    """Bytes of activations a step's forward pass leaves for its backward pass (the traced step's at
+    the end of its forward pass; autocast's copies of parameters aside): what plan.py --check
+    measures of a real step."""
+    casts_parameters = placement.sharded and placement.compute_dtype is not None
+    trace = trace_step(TraceKey(config, placement.device_type, placement.compute_dtype, casts_parameters,
+                                checkpointing))
+    return trace.saved_activations(config.n_layer).at(batch_size)
 
 
 def host_memory_available() -> Optional[int]:
