@@ -12,6 +12,7 @@ step-time model planning/step_time.py's (their docstrings state them); where the
 holding, docs/distributed.md.
 """
 import argparse
+import textwrap
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
@@ -34,6 +35,8 @@ GPU_RESERVE = 10**9
 """Bytes of a GPU's memory that training cannot use: the CUDA context, NCCL's buffers."""
 DEVICES = {peaks.name.replace(" ", "-"): peaks for peaks in GPU_PEAKS}
 CPU_DEVICE = "cpu"
+WIDTH = 110
+"""plan.py's lines wrap here (the project's line length)."""
 
 
 @dataclass
@@ -201,7 +204,14 @@ def main(argv: Optional[list[str]] = None) -> None:
     rows = plan_rows(setting)
     assumed = [] if args.device else [f"Assumed: {options.device} (no --device given); --device, --nodes and "
                                        "--gpus-per-node describe your cluster (plan.py --help)"]
-    print("\n".join([*assumed, describe(setting), "", table(rows, setting), "", *recommend(rows, setting)]))
+    advice = [line for said in recommend(rows, setting) for line in wrapped(said)]
+    print("\n".join([*assumed, *wrapped(describe(setting)), "", table(rows, setting), "", *advice]))
+
+
+def wrapped(line: str) -> list[str]:
+    """A line of the plan cut at WIDTH, its continuation under its text (a reason's, under its "- ")."""
+    indent = "  " if line.startswith("- ") else "    "
+    return textwrap.wrap(line, width=WIDTH, subsequent_indent=indent, break_on_hyphens=False)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ def test_the_tutorials_four_gpus_of_16_gb_train_the_default_model_with_ddp(capsy
     plan.main(["--gpus-per-node", "4", "--device", "V100", "--memory-gb", "16", "--vocab-size", "65"])
     out = capsys.readouterr().out
     rows = [line.split()[0] for line in out.splitlines() if line.startswith(("ddp ", "fsdp ", "hsdp "))]
-    assert rows == ["ddp", "ddp", "fsdp", "fsdp"]  # no hsdp on one node; each with and without checkpointing
+    assert rows == ["ddp", "ddp", "fsdp", "fsdp"] * 2  # no hsdp on one node; each with and without
+    # checkpointing; in the memory table, then in the time table
     assert "Recommended: trainer_config.distributed_method=ddp trainer_config.activation_checkpointing=none" \
         in out
     assert "<- configured" in out
@@ -89,6 +90,14 @@ def test_bad_input_is_one_line_naming_the_key(arguments, key, capsys):
 def test_runs_as_a_script_from_inside_mingpt():
     line = one_error_line(run([sys.executable, "plan.py", "--nodes", "0"], cwd=MINGPT))
     assert line == "error: --nodes: must be a positive number of nodes, got 0"
+
+
+def test_the_plan_s_lines_are_at_most_110_characters(capsys):
+    """Issue 54: the table and its advice ran to 303 characters a line."""
+    plan.main([*XL, "--nodes", "8", "--gpus-per-node", "8", "--device", "H100", "--vocab-size", "65"])
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 110
+    assert "Recommended: " in out and "peak fits" in out and "tokens/s   eff" in out
 
 
 def test_a_config_of_your_own_is_planned(capsys):

@@ -108,22 +108,32 @@ def plan_row(setting: Setting, method: str, checkpointing: str, cpu_offload: boo
 
 
 def table(rows: list[Row], setting: Setting) -> str:
-    header = (f"{'method':<6} {'ckpt':<4} {'offload':<7} | {'params':>7} {'grads':>7} {'AdamW':>7} "
-              f"{'activ':>7} {'buffers':>7} | {'peak':>7} {'fits':<4} | {'intra':>7} {'inter':>7} "
-              f"{'comm s':>7} | {'compute':>7} {'exposed':>7} {'step s':>7} | {'tokens/s':>10} {'eff':>5}")
-    lines = [header, "-" * len(header)]
-    for row in rows:
-        m, t = row.memory, row.timing
-        mark = " <- configured" if (row.method, row.checkpointing, row.cpu_offload) == (
+    """Two tables of the rows, each under 110 characters: memory per device, then communication and
+    time."""
+    def key(row: Row) -> str:
+        return f"{row.method:<6} {row.checkpointing:<4} {'yes' if row.cpu_offload else 'no':<7}"
+
+    def configured(row: Row) -> str:
+        return " <- configured" if (row.method, row.checkpointing, row.cpu_offload) == (
             setting.configured.method, setting.configured_checkpointing, False) else ""
-        lines.append(
-            f"{row.method:<6} {row.checkpointing:<4} {'yes' if row.cpu_offload else 'no':<7} | "
-            f"{_gb(m.parameters)} {_gb(m.gradients)} {_gb(m.optimizer)} {_gb(m.activations)} "
-            f"{_gb(m.buffers)} | "
-            f"{_gb(m.peak)} {'yes' if row.fits else 'NO':<4} | {_gb(t.traffic.intra_bytes)} "
-            f"{_gb(t.traffic.inter_bytes)} {t.traffic.seconds:>7.3f} | {t.compute:>7.3f} {t.exposed:>7.3f} "
-            f"{t.seconds:>7.3f} | {row.tokens_per_s:>10,.0f} {100 * t.efficiency:>4.0f}%{mark}")
-    return "\n".join(lines)
+
+    memory = (f"{'method':<6} {'ckpt':<4} {'offload':<7} | {'params':>7} {'grads':>7} {'AdamW':>7} "
+              f"{'activ':>7} {'buffers':>7} | {'peak':>7} {'fits':<4}")
+    timing = (f"{'method':<6} {'ckpt':<4} {'offload':<7} | {'intra':>7} {'inter':>7} {'comm s':>7} | "
+              f"{'compute':>7} {'exposed':>7} {'step s':>7} | {'tokens/s':>10} {'eff':>5}")
+    lines = [memory, "-" * len(memory)]
+    for row in rows:
+        m = row.memory
+        lines.append(f"{key(row)} | {_gb(m.parameters)} {_gb(m.gradients)} {_gb(m.optimizer)} "
+                     f"{_gb(m.activations)} {_gb(m.buffers)} | {_gb(m.peak)} {'yes' if row.fits else 'NO':<4}"
+                     f"{configured(row)}")
+    lines += ["", timing, "-" * len(timing)]
+    for row in rows:
+        t = row.timing
+        lines.append(f"{key(row)} | {_gb(t.traffic.intra_bytes)} {_gb(t.traffic.inter_bytes)} "
+                     f"{t.traffic.seconds:>7.3f} | {t.compute:>7.3f} {t.exposed:>7.3f} {t.seconds:>7.3f} | "
+                     f"{row.tokens_per_s:>10,.0f} {100 * t.efficiency:>4.0f}%{configured(row)}")
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def _gb(n_bytes: float) -> str:
