@@ -4,6 +4,7 @@ test to look at afterwards."""
 import contextlib
 import socket
 import threading
+import time
 from typing import Callable, Optional
 
 
@@ -21,6 +22,8 @@ class FlakyLink:
         self._open.set()
         self._cut = False
         self._freeze_at: Optional[bytes] = None
+        self.frozen_at: Optional[float] = None
+        """When freeze_at's request came (time.monotonic())."""
         self._refused: Optional[Callable[[bytes], bool]] = None
         self.refusals = 0
         """Requests refused so far."""
@@ -66,6 +69,7 @@ class FlakyLink:
                     break
                 if requests and self._freeze_at is not None and self._freeze_at in data:
                     self._open.clear()
+                    self.frozen_at = self.frozen_at or time.monotonic()
                 if requests and self._refused is not None and self._refused(data):
                     self.refusals += 1
                     _reset(source)
@@ -94,6 +98,8 @@ class FlakyLink:
     def cut(self) -> None:
         """Refuse new connections and reset the open ones."""
         self._cut = True
+        with contextlib.suppress(OSError):  # wakes the accept() under way: closing alone leaves it
+            self._listener.shutdown(socket.SHUT_RDWR)  # listening, and the port taken, till a client comes
         self._listener.close()
         with self._lock:
             connections, self._connections = self._connections, []

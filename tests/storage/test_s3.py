@@ -268,3 +268,49 @@ def test_s3_that_stops_answering_mid_save_is_named_by_the_rank_that_waits(s3, s3
     link.heal()
     s3_fs.invalidate_cache()
     assert load_object(s3_fs, url)["step"] == int(match[2])
+
+
+@pytest.mark.parametrize("snapshot_format, method, background, frozen_at, named", [
+    ("sharded", "fsdp", False, "sharded_000000020/.metadata.tmp", "sharded_000000020/.metadata.tmp"),
+    ("sharded", "fsdp", True, "sharded_000000020/__0_", "sharded_000000020/__0_0.distcp"),
+    ("single", "ddp", True, "snap.pt.tmp-", "snap.pt"),  # written to a temporary, renamed when whole
+], ids=["sharded, dcp's metadata", "sharded in the background, a shard", "single file in the background"])
+def test_a_save_frozen_in_any_call_is_named_as_that_save_and_only_a_written_snapshot_is_kept(
+        s3, s3_fs, link, snapshot_format, method, background, frozen_at, named):
+    """The store stops answering at one request of the save of step 20 on 2 ranks: DCP's .metadata
+    (written by rank 0 at the end, while rank 1 waits for it in DCP's collective; its upload happens
+    when the file is closed, which nobody watched: the line came once the lease's refresh stalled,
+    and named that), a shard written in the background, or a single file's upload in the background.
+    Within hang_timeout_s + 30 s one line names that save (its file, what it was) and, as kept, the
+    snapshot of step 10, complete on the store (it named step 20's, only queued, in the background),
+    with the save of step 20 not finished; exit status 1. On the store the one named is the newest
+    complete snapshot."""
+    from mingpt.storage.snapshot import read_snapshot, sharded_entries
+
+    folder = f"s3://{s3.bucket}/frozen-{snapshot_format}-{background}"
+    path = f"{folder}/snap.pt" if snapshot_format == "single" else folder
+    run, seen = train_through(link, s3, path, nproc=2, trainer_config__hang_timeout_s=4,
+                              trainer_config__snapshot_format=snapshot_format,
+                              trainer_config__distributed_method=method, trainer_config__async_snapshots=background)
+    try:
+        link.freeze_at(frozen_at.encode())
+        rest, _ = run.communicate(timeout=180)
+        said_at = time.monotonic()
+    finally:
+        kill_tree(run)
+    link.cut()  # what the frozen link holds never reaches the server
+    said = the_ranks_one_error_line("".join(seen) + rest)
+    assert run.returncode == 1
+    kept = f"{folder}/sharded_000000010" if snapshot_format == "sharded" else path
+    in_the_background = ", in the background," if background else ""
+    assert re.fullmatch(
+        rf"error: rank 0 \(host \S+, pid \d+\): its write of {re.escape(f'{folder}/{named}')} "
+        r"has not moved for \d+ s \((\d+\.\d MB written; )?saving the snapshot of step 20\); the store stopped "
+        r"answering \(.*\); the last snapshot \(step 10\) is kept as it was: "
+        rf"{re.escape(kept)}; the save of step 20{in_the_background} was not finished(; each rank's .*| \(no report: .*\))", said), said
+    assert said_at - link.frozen_at < 4 + 30
+    s3_fs.invalidate_cache()
+    if snapshot_format == "sharded":
+        assert sharded_entries(folder) == [kept]
+    else:
+        assert read_snapshot(path).step == 10
