@@ -19,7 +19,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from mingpt.common.errors import command, say_line
 from mingpt.common.logger import configure_logging, log
-from mingpt.distributed.control import INTERRUPT_EXIT_STATUS, RunStopped, record_clean_stop
+from mingpt.distributed.control import (
+    INTERRUPT_EXIT_STATUS,
+    RunStopped,
+    StopRequested,
+    StopSignals,
+    exit_status_for,
+    record_clean_stop,
+    stopped_before_training,
+)
 from mingpt.distributed.process_group import (
     DEFAULT_TIMEOUT_S,
     TIMEOUT_KEY,
@@ -72,28 +80,44 @@ def main(cfg: DictConfig) -> None:
 @command
 def run(cfg: DictConfig) -> int:
     """Train; the exit status: 0 when training ends, 75 (130 after Ctrl-C) when a stop signal
-    stopped it with its snapshot written, 1 on a user's error or a lost peer (each said in one line)."""
+    stopped it with its snapshot written (or before anything was trained), 1 on a user's error or a
+    lost peer (each said in one line)."""
     config = load_config(cfg)
+    is_main = int(os.environ.get("RANK", 0)) == 0
+    signals = StopSignals.open(config.trainer_config.stop_signals, is_main)  # a stop in the start-up too
     try:
         with ddp_setup(config) as env:
             train(config, env)
-    except RunStopped as stop:
-        record_clean_stop(stop.exit_status)  # the snapshot is written; the trainer has said so
-        return stop.exit_status
-    except KeyboardInterrupt:  # Ctrl-C before training, or a second one during it (control.py)
-        if int(os.environ.get("RANK", 0)) == 0:
-            say_line("Interrupted: quit without a new snapshot (the last complete one is as it was)")
+    except StopRequested as stop:  # in the start-up, before anything was trained
+        if is_main:
+            say_line(stopped_before_training(str(stop)))
+        return stopped_cleanly(exit_status_for(stop.number))
+    except RunStopped as stop:  # the snapshot is written; the trainer has said so
+        return stopped_cleanly(stop.exit_status)
+    except KeyboardInterrupt:  # Ctrl-C twice (control.py)
+        if is_main:
+            say_line(signals.quit_line())
         return INTERRUPT_EXIT_STATUS
     except RuntimeError as error:  # torch.distributed's errors are RuntimeErrors
         line = peer_failure(error, OmegaConf.select(cfg, TIMEOUT_KEY, default=DEFAULT_TIMEOUT_S))
         if line is None:
             raise
+        if signals.requested:  # a peer stopped at once on the same signal (control.py): so does this rank
+            return stopped_cleanly(exit_status_for(signals.requested))
         # Another process died, or stopped answering: one line, not a traceback; nothing when that
         # process has said its own error (the run's one line).
         if not said_elsewhere(error):
             say_line(f"error: [rank {os.environ.get('RANK', 0)}] {line}")
         return 1
+    finally:
+        signals.close()
     return 0
+
+
+def stopped_cleanly(status: int) -> int:
+    """The exit status of a run a signal stopped with nothing lost, told to the launcher too."""
+    record_clean_stop(status)
+    return status
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ step (a stop signal, a snapshot timer) come from control.py. A resumed run conti
 unseen sample of the epoch's global order, exactly as the unbroken run at the same world size.
 """
 import contextlib
+import signal
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -352,7 +353,6 @@ class Trainer:
     def train(self) -> None:
         """Epochs until the budget (max_epochs, or max_steps) is spent; raises RunStopped when a
         stop signal ended the run early (after its snapshot)."""
-        config = self.config
         if self._budget_spent():
             self.checkpointer.release()
             self.report.close(self._nothing_left())
@@ -360,12 +360,16 @@ class Trainer:
         self.report.monitor.forecast(self.total_steps - self.progress.step, self.step_estimate_s)
         failed, finished = self.report.failed_on_error(), self.checkpointer.finished_on_error()
         with failed, self.guard, self.replicas, finished:
-            while not self._budget_spent():
-                epoch = self.progress.finished_epoch + 1
-                self._run_epoch(epoch)
-                if self.progress.finished_epoch == epoch:
-                    self._end_epoch(epoch)
-            self._end_run()
+            self.guard.stop_at_once_when(self._loses_nothing, self.checkpointer.kept)
+            try:
+                while not self._budget_spent():
+                    epoch = self.progress.finished_epoch + 1
+                    self._run_epoch(epoch)
+                    if self.progress.finished_epoch == epoch:
+                        self._end_epoch(epoch)
+                self._end_run()
+            except control.StopRequested as stop:
+                self._stopped_at_once(stop.number)
         self.report.finished(self.progress, self.checkpointer.policy.path)
 
     def _end_epoch(self, epoch: int) -> None:
@@ -451,26 +455,57 @@ class Trainer:
         self.checkpointer.note_health(self.guard.health())
         if decision.save_failed:
             self.checkpointer.finish()  # raises on every rank
-        self._snapshot_if_due(decision)
         if decision.stop_signal:
             self._stop(decision)
+        self._snapshot_if_due(decision)
         step = self.progress.step
         if self.config.eval_every_steps and step % self.config.eval_every_steps == 0 and self.test_loader:
             self.evaluate(epoch)
             self.report.pause()
         self.score_hellaswag(epoch)
 
-    def _stop(self, decision: control.Decision) -> None:
-        """The stop's snapshot is taken; once it is written, every rank raises RunStopped."""
+    def _stop_if_asked(self, abandoned: str = "") -> None:
+        """Between two steps (each batch of an evaluation, after a snapshot), every rank at the same
+        point: when any rank was asked to stop, all stop here, `abandoned` what they were doing."""
+        decision = self.guard.stop_asked()
+        if decision.stop_signal:
+            self._stop(decision, abandoned)
+
+    def _stop(self, decision: control.Decision, abandoned: str = "") -> None:
+        """The stop's snapshot of the last step is taken (unless it was already); once it is written,
+        every rank raises RunStopped."""
+        self.guard.stopping()
+        when = self.checkpointer.due(self.progress, decision)
+        if when and self.replicas.writes_snapshots():
+            self._save_snapshot(when)
         self.checkpointer.finish()  # "saved" below means written
+        self.guard.settled()
         step, signal_name = self.progress.step, decision.stop_signal_name
         if self.replicas.writes_snapshots():
             said = f"Stopping on {signal_name}: snapshot saved at step {step}"
         else:  # another replica group's, which may train on a step or two alone before it stops
             writer = self.replicas.snapshot_writer()
             said = f"Stopping on {signal_name} at step {step}; replica group {writer} writes the snapshots"
+        if abandoned:
+            said += f" (the {abandoned} under way was abandoned)"
         self.report.close(said, stopped=True)
         raise control.RunStopped(decision.stop_signal)
+
+    def _loses_nothing(self) -> bool:
+        """Whether a stop now loses no training: none done yet, or none since the last snapshot."""
+        return self.progress.step == 0 or self.progress == self.checkpointer.last_saved
+
+    def _stopped_at_once(self, number: int) -> None:
+        """A stop signal that came while it lost nothing (_loses_nothing), wherever the training
+        thread was (a step begun, a compilation, a wait for data): this process stops without a
+        collective, since its peers may be anywhere; they meet the same condition and stop too."""
+        self.checkpointer.finish_alone()  # "saved" below means written
+        saved = self.checkpointer.last_saved
+        name = signal.Signals(number).name
+        said = (f"Stopping on {name}: snapshot saved at step {saved.step}" if saved and saved.step
+                else control.stopped_before_training(name))
+        self.report.close(said, stopped=True)
+        raise control.RunStopped(number)
 
     def _stop_diverged(self, since: int) -> None:
         """Every rank stops at this step, before any snapshot of the ruined weights is taken, and the
@@ -547,6 +582,7 @@ class Trainer:
         totals = torch.zeros(2, device=self.env.device)  # sum of sample losses, sample count
         for iteration, batch in enumerate(self.test_loader):
             self.guard.at("evaluation", self.progress.step, iteration)
+            self._stop_if_asked("evaluation")
             inputs, targets = self.to_device(batch)
             loss = self.compute_loss(inputs, targets)
             totals[0] += loss.float() * len(inputs)
@@ -567,7 +603,12 @@ class Trainer:
         if self.hellaswag is None or not due:
             return
         self.model.eval()
-        env, at = self.env, lambda batch: self.guard.at("evaluation", step, batch)
+        env = self.env
+
+        def at(batch: int) -> None:
+            self.guard.at("evaluation", step, batch)
+            self._stop_if_asked("HellaSwag scoring")
+
         with self.autocast():
             score = self.hellaswag.score(lambda ids: self.model(ids)[0], env.device, env.rank,
                                          env.world_size, at)
@@ -579,6 +620,7 @@ class Trainer:
         when = self.checkpointer.due(self.progress, decision, **occasion)
         if when and self.replicas.writes_snapshots():
             self._save_snapshot(when)
+            self._stop_if_asked()  # one that came during the save: nothing more to save
 
     def _save_snapshot(self, when: str) -> None:
         """Take a snapshot of the training state now (every rank calls it), `when` naming the

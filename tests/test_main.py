@@ -274,7 +274,7 @@ LOST = "[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed b
     (RuntimeError(GLOO_TIMEOUT), 1, TIMED_OUT),
     (torch.distributed.DistBackendError(NCCL_TIMEOUT), 1, TIMED_OUT),
     (RuntimeError(LOST), 1, f"error: [rank 0] lost contact with another process (RuntimeError: {LOST})"),
-    (KeyboardInterrupt(), 130, "Interrupted: quit without a new snapshot"),
+    (KeyboardInterrupt(), 130, "Interrupted: quit at once; the last complete snapshot is as it was"),
 ], ids=["gloo-timeout", "nccl-timeout", "lost-peer", "ctrl-c"])
 def test_a_failed_collective_and_ctrl_c_are_one_line_in_one_write(monkeypatch, raised, status, said):
     """What run() says when training ends on a collective that timed out (gloo's and NCCL's wording),

@@ -7,6 +7,18 @@ moments, yet every rank must stop after the same step and take part in one last 
 same way a snapshot every N minutes must be taken at the same step on every rank, though their
 clocks differ.
 
+A stop must land inside the grace a cluster gives (Slurm's KillWait, 30 s by default; torchrun's
+30 s after it is signalled), wherever it finds the run, not only at a step's end. So:
+- while a stop loses nothing (the start-up, before any step; a step begun since the last snapshot
+  was written; the first step's compile), the signal's handler stops this process at once
+  (StopRequested): there is nothing to save, and every rank of a run meets the same condition;
+- during a step, the stop comes at its end, with a snapshot of it (below);
+- between steps (each batch of an evaluation or of HellaSwag's scoring, and after each snapshot),
+  every rank asks the same small all-reduce whether any rank was signalled (StepAgreement.stop_asked):
+  the phase is abandoned at the same batch everywhere, and the run stops with the snapshot of its
+  last step. Every rank calls it at the same points whether or not it was signalled, so no rank that
+  missed the signal is left waiting.
+
 So after every step each rank posts what it wants (stop: the number of a signal it received; save:
 rank 0's timer has run out; save failed: its background snapshot writer ended with an error, which
 as a rule only the writing rank sees) to a small all-reduce (max) of host integers on a gloo group
@@ -25,9 +37,10 @@ A run that diverges is seen on the device by divergence.py's DivergenceWatch, wi
 it; the host reads its verdict a step later and posts it to the same all-reduce, so every rank stops
 at the same step, before any snapshot of the ruined weights.
 
-Ctrl-C (SIGINT) is always a stop request: the first stops at the end of the step it came in with a
-snapshot, like SIGTERM; a second quits at once (KeyboardInterrupt), without a new snapshot, leaving
-the last complete one as it was (writes are atomic). Either way the process exits with status 130.
+Ctrl-C (SIGINT) is always a stop request: the first stops like SIGTERM, with a snapshot; a second
+quits at once (KeyboardInterrupt), leaving the last complete snapshot as it is (writes are atomic),
+and says which one that is; once the stop's own snapshot is written, a second changes nothing. Either
+way the process exits with status 130.
 Python runs a signal's handler only between two of its own instructions, and a step may sit in one
 long call of C++ for minutes (a whole backward pass on a laptop CPU, a collective waiting for a
 peer): so a thread of its own (CtrlC) sees each Ctrl-C the moment it comes, says the first at once,
@@ -42,7 +55,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -133,7 +146,6 @@ class Decision:
 
 CTRL_C_LINE = (b"\nCtrl-C: stopping at the end of this step with a snapshot; "
                b"press Ctrl-C again to quit at once without one\n")
-QUIT_LINE = b"Interrupted: quit without a new snapshot (the last complete one is as it was)\n"
 CLOSING = 0
 """What CtrlC's thread reads to end (no signal has the number 0)."""
 QUIT_WAIT_S = 2.0
@@ -143,12 +155,16 @@ which removes a half-written temporary file) before CtrlC ends the process."""
 
 class CtrlC:
     """Each Ctrl-C seen the moment it comes, by a thread reading the byte Python's C-level handler
-    writes to the wakeup fd for every signal (the Python-level handler, StepAgreement's, runs only
+    writes to the wakeup fd for every signal (the Python-level handler, StopSignals', runs only
     once the training thread is back in Python). The first is said at once (global rank 0); after
     the second, a process still there QUIT_WAIT_S later says so and ends, its temporary files gone."""
 
-    def __init__(self, is_main: bool):
+    def __init__(self, is_main: bool, quit_line: Callable[[], str], settled: Callable[[], bool]):
         self.is_main = is_main
+        self.quit_line = quit_line
+        """The line a second Ctrl-C ends the process with (what is left to resume from, as it is then)."""
+        self.settled = settled
+        """Whether the stop's snapshot is written: a second Ctrl-C then changes nothing."""
         self._read, write = os.pipe()
         os.set_blocking(write, False)
         self._write = write
@@ -172,7 +188,7 @@ class CtrlC:
                 presses += 1
                 if presses == 1 and self.is_main:
                     os.write(sys.stdout.fileno(), CTRL_C_LINE)
-                elif presses == 2:
+                elif presses == 2 and not self.settled():
                     self._quitting = threading.Timer(QUIT_WAIT_S, self._quit)
                     self._quitting.daemon = True
                     self._quitting.start()
@@ -180,7 +196,7 @@ class CtrlC:
     def _quit(self) -> None:
         files.abandon_transfers()
         if self.is_main:
-            os.write(sys.stderr.fileno(), QUIT_LINE)
+            os.write(sys.stderr.fileno(), f"{self.quit_line()}\n".encode())
         os._exit(INTERRUPT_EXIT_STATUS)
 
     def close(self) -> None:
@@ -205,26 +221,92 @@ def handled_signals(stop_signals: list[str]) -> tuple[int, ...]:
     return tuple(dict.fromkeys([*map(signal_number, stop_signals), int(signal.SIGINT)]))
 
 
+class StopRequested(BaseException):
+    """Raised by the signal handler itself, wherever the training thread is, when a stop loses nothing
+    (StopSignals.at_once). A BaseException, as KeyboardInterrupt is: no `except Exception` on its way
+    may swallow it."""
+
+    def __init__(self, number: int):
+        super().__init__(signal.Signals(number).name)
+        self.number = number
+
+
+UNCHANGED = "the last complete snapshot is as it was"
+
+
+def stopped_before_training(signal_name: str) -> str:
+    return f"Stopping on {signal_name} before the first step: nothing to save"
+
+
+class StopSignals:
+    """The process's stop signals and Ctrl-C, from the start of a run to its end: one per process,
+    opened by its first user (main.run before the start-up; else the Trainer's StepAgreement) and
+    shared by the others (`open`, `close`)."""
+
+    _current: Optional["StopSignals"] = None
+
+    def __init__(self, stop_signals: list[str], is_main: bool):
+        self.requested = 0
+        """The first stop signal this process received (0: none)."""
+        self.at_once: Callable[[], bool] = lambda: True
+        """Whether a stop now loses nothing (then the handler raises StopRequested): always, until
+        the Trainer says what it has not saved yet."""
+        self.kept: Callable[[], str] = lambda: UNCHANGED
+        """What a second Ctrl-C leaves to resume from, said as it quits."""
+        self.settled = False
+        """The stop's snapshot is written: a second Ctrl-C changes nothing."""
+        self._users = 0
+        self._previous_handlers = {number: signal.signal(number, self._on_signal)
+                                   for number in handled_signals(stop_signals)}
+        self._ctrl_c = CtrlC(is_main, self.quit_line, lambda: self.settled)
+
+    @classmethod
+    def open(cls, stop_signals: list[str], is_main: bool) -> "StopSignals":
+        if cls._current is None:
+            cls._current = cls(stop_signals, is_main)
+        cls._current._users += 1
+        return cls._current
+
+    def close(self) -> None:
+        """The last user gives the signals back to their previous handlers."""
+        self._users -= 1
+        if self._users > 0:
+            return
+        self._ctrl_c.close()
+        for number, handler in self._previous_handlers.items():
+            signal.signal(number, handler)
+        StopSignals._current = None
+
+    def _on_signal(self, number: int, frame: Optional[FrameType]) -> None:
+        """Note the first stop request, and stop at once when that loses nothing (CtrlC says a
+        first Ctrl-C). A second signal, say during the stop's snapshot, changes nothing; a second
+        Ctrl-C quits at once, unless the stop's snapshot is written already."""
+        if self.requested:
+            if number == signal.SIGINT and not self.settled:
+                raise KeyboardInterrupt
+            return
+        self.requested = number
+        if self.at_once():
+            raise StopRequested(number)
+
+    def quit_line(self) -> str:
+        return f"Interrupted: quit at once; {self.kept()}"
+
+
 class StepAgreement:
     """Signals turned into a stop request, and rank 0's snapshot timer, agreed on by every rank."""
 
     def __init__(self, stop_signals: list[str], save_every_minutes: float, env: DistEnv):
         self.save_interval_s = 60.0 * save_every_minutes
         self.is_main = env.is_main
-        self.requested = 0
-        """The first stop signal this process received (0: none)."""
+        self.signals = StopSignals.open(stop_signals, env.is_main)
         self._group = side_group(env)  # never queued behind gradient traffic
         self._last_save = time.monotonic()
-        self._previous_handlers = {number: signal.signal(number, self._on_signal)
-                                   for number in handled_signals(stop_signals)}
-        self._ctrl_c = CtrlC(env.is_main)
 
-    def _on_signal(self, number: int, frame: Optional[FrameType]) -> None:
-        """Only note it (CtrlC says a first Ctrl-C): a second signal, say during the last snapshot,
-        changes nothing; a second Ctrl-C quits at once."""
-        if number == signal.SIGINT and self.requested:
-            raise KeyboardInterrupt
-        self.requested = self.requested or number
+    @property
+    def requested(self) -> int:
+        """The first stop signal this process received (0: none)."""
+        return self.signals.requested
 
     def after_step(self, save_failed: bool = False, diverged_since: int = 0) -> Decision:
         """Every rank calls this after every step, saying whether its background save failed and
@@ -238,6 +320,13 @@ class StepAgreement:
         return Decision(stop_signal=stop or None, save=bool(save), save_failed=bool(save_failed),
                         diverged_since=diverged_since)
 
+    def stop_asked(self) -> Decision:
+        """Between two steps (each batch of an evaluation, after a snapshot), every rank at the same
+        point: whether any rank was asked to stop."""
+        wish = torch.tensor([self.requested], dtype=torch.int64)
+        dist.all_reduce(wish, op=dist.ReduceOp.MAX, group=self._group)
+        return Decision(stop_signal=int(wish) or None)
+
     def saved(self) -> None:
         """A snapshot was taken (for whatever reason): the timer starts again."""
         self._last_save = time.monotonic()
@@ -249,11 +338,9 @@ class StepAgreement:
         self.close()
 
     def close(self, failed: bool = False) -> None:
-        """Give the signals back to their previous handlers. A run that fails leaves its group to the
+        """Give the signals back (unless main.run holds them). A run that fails leaves its group to the
         process's end: torn down now, it would reset the other ranks' connections while they wait in
         its all-reduce, and they would say they lost contact before this rank has said why."""
-        self._ctrl_c.close()
-        for number, handler in self._previous_handlers.items():
-            signal.signal(number, handler)
+        self.signals.close()
         if not failed:
             dist.destroy_process_group(self._group)

@@ -4,7 +4,7 @@ DivergenceWatch); and the decisions every rank takes at the same step (control.p
 stop signals, the snapshot timer, a failed save, divergence). The Trainer's step reads as the
 original's _run_batch; it tells the guard where it is, and after each step asks it what to do.
 """
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -56,6 +56,24 @@ class RunGuard:
         if self.agreement is not None:
             self.agreement.saved()
 
+    def stop_asked(self) -> Decision:
+        """Between two steps, at the same point on every rank: whether any rank was asked to stop."""
+        return self.agreement.stop_asked()
+
+    def stop_at_once_when(self, loses_nothing: Callable[[], bool], kept: Callable[[], str]) -> None:
+        """While training: a stop signal stops this process at once when loses_nothing() (nothing
+        trained since the last snapshot written); kept() says what a second Ctrl-C leaves."""
+        signals = self.agreement.signals
+        signals.at_once, signals.kept = loses_nothing, kept
+
+    def stopping(self) -> None:
+        """The stop is being carried out: no signal stops it at once any more."""
+        self.agreement.signals.at_once = lambda: False
+
+    def settled(self) -> None:
+        """The stop's snapshot is written: a second Ctrl-C changes nothing now."""
+        self.agreement.signals.settled = True
+
     def __enter__(self) -> "RunGuard":
         self.agreement = StepAgreement(*self._agreement_settings)
         self.watch.__enter__()
@@ -63,5 +81,9 @@ class RunGuard:
 
     def __exit__(self, *exc_info) -> None:
         self.watch.__exit__(*exc_info)
+        # Training is over: a signal now is only noted, and the process's signals (main.run's, which
+        # outlive the Trainer) let go of it, so that it and its DataLoader workers go with their last
+        # reference (a worker ignores the stop signals: one left would hold the process's exit).
+        self.stopping()
         self.agreement.close(failed=exc_info[0] is not None)
         self.agreement = None

@@ -307,6 +307,13 @@ class Checkpointer:
         if self._under_way is not None:  # every rank wrote its part: the snapshot is complete
             self._written(self._under_way, f"step {self._under_way.step}")
 
+    def finish_alone(self) -> None:
+        """finish() for this rank alone, without a collective (a stop at once, when the other ranks
+        may be anywhere): its background save in flight is written, or raises."""
+        error = self.saves.finish() if self.policy.async_snapshots else None
+        if error is not None:
+            raise error
+
     @contextlib.contextmanager
     def released_on_error(self) -> Iterator[None]:
         """A start-up that fails once the lease is taken (a refused snapshot, a tracker) releases it

@@ -32,12 +32,14 @@ def test_signal_names_in_any_spelling():
 def test_a_signal_stops_the_run_at_the_end_of_its_step_and_a_second_changes_nothing(world_of_one):
     before = signal.getsignal(signal.SIGUSR1)
     agreement = StepAgreement(["SIGUSR1"], save_every_minutes=0, env=world_of_one)
+    agreement.signals.at_once = lambda: False  # a step under way, not yet saved
     try:
-        assert agreement.after_step() == Decision()
+        assert agreement.after_step() == Decision() == agreement.stop_asked()
         os.kill(os.getpid(), signal.SIGUSR1)
         os.kill(os.getpid(), signal.SIGUSR1)  # a second one, say while saving: still one request
         decision = agreement.after_step()  # at the end of the step it came in
         assert decision.stop_signal == signal.SIGUSR1 and decision.stop_signal_name == "SIGUSR1"
+        assert agreement.stop_asked() == Decision(stop_signal=signal.SIGUSR1)  # between steps too
     finally:
         agreement.close()
     assert signal.getsignal(signal.SIGUSR1) == before  # the previous handler is back
@@ -46,6 +48,8 @@ def test_a_signal_stops_the_run_at_the_end_of_its_step_and_a_second_changes_noth
 def test_ctrl_c_asks_for_a_stop_with_a_line_and_a_second_quits_at_once(world_of_one, capfd):
     before = signal.getsignal(signal.SIGINT)
     agreement = StepAgreement([], save_every_minutes=0, env=world_of_one)  # Ctrl-C whatever the stop signals
+    agreement.signals.at_once = lambda: False
+    agreement.signals.kept = lambda: "the last snapshot (step 7) is kept as it was"
     try:
         assert signal.getsignal(signal.SIGINT) != before  # else the Ctrl-C below would stop pytest itself
         os.kill(os.getpid(), signal.SIGINT)
@@ -60,6 +64,8 @@ def test_ctrl_c_asks_for_a_stop_with_a_line_and_a_second_quits_at_once(world_of_
         assert agreement.after_step().stop_signal == signal.SIGINT
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
+        assert agreement.signals.quit_line() == ("Interrupted: quit at once; the last snapshot (step 7) is "
+                                                 "kept as it was")
     finally:
         agreement.close()
     assert signal.getsignal(signal.SIGINT) == before
@@ -146,7 +152,7 @@ def test_ctrl_c_is_said_at_once_and_a_second_quits_even_inside_a_long_call_of_cp
         pressed = time.monotonic()
         assert process.wait(timeout=30) == INTERRUPT_EXIT_STATUS
         assert time.monotonic() - pressed < control.QUIT_WAIT_S + 3
-        assert process.stderr.read() == "Interrupted: quit without a new snapshot (the last complete one is as it was)\n"
+        assert process.stderr.read() == "Interrupted: quit at once; the last complete snapshot is as it was\n"
     finally:
         process.kill()
         process.wait()
@@ -167,3 +173,43 @@ def test_the_agreement_closes_while_a_forked_worker_lives(world_of_one):
     finally:
         worker.kill()
         worker.join()
+
+
+def test_a_stop_that_loses_nothing_stops_at_once_wherever_it_lands(world_of_one):
+    """Before any step, or with nothing trained since the last snapshot, the handler itself raises:
+    no step end or evaluation batch to wait for. Only the first signal does."""
+    agreement = StepAgreement(["SIGTERM"], save_every_minutes=0, env=world_of_one)
+    try:
+        with pytest.raises(control.StopRequested) as stopped:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler interrupts whatever runs
+        assert stopped.value.number == signal.SIGTERM and str(stopped.value) == "SIGTERM"
+        os.kill(os.getpid(), signal.SIGTERM)  # a second one, during the stop itself: noted already
+        assert agreement.after_step().stop_signal == signal.SIGTERM
+    finally:
+        agreement.close()
+
+
+def test_once_the_stops_snapshot_is_written_a_second_ctrl_c_changes_nothing(world_of_one):
+    agreement = StepAgreement([], save_every_minutes=0, env=world_of_one)
+    agreement.signals.at_once = lambda: False
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        agreement.signals.settled = True  # the stop's snapshot is written: it is ending by itself
+        os.kill(os.getpid(), signal.SIGINT)  # no KeyboardInterrupt
+        time.sleep(control.QUIT_WAIT_S + 0.5)  # and CtrlC's thread did not end the process
+    finally:
+        agreement.close()
+
+
+def test_the_process_keeps_one_set_of_handlers_that_main_opens_before_the_start_up(world_of_one):
+    """main.run opens the stop signals before the start-up; the Trainer's agreement shares them (its
+    close gives nothing back), and the last to close restores the previous handlers."""
+    before = signal.getsignal(signal.SIGTERM)
+    signals = control.StopSignals.open(["SIGTERM"], is_main=True)
+    agreement = StepAgreement(["SIGTERM"], save_every_minutes=0, env=world_of_one)
+    assert agreement.signals is signals
+    agreement.close()
+    assert signal.getsignal(signal.SIGTERM) == signals._on_signal
+    signals.close()
+    assert signal.getsignal(signal.SIGTERM) == before

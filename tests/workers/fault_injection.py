@@ -19,7 +19,8 @@ moves, as to a slow S3); SLOW_WRITE_S in the environment sets its length (defaul
 SLOW is `PHASE:SECONDS:STEP`: from optimizer step STEP on, rank SLOW_RANK (default 1; `all`: every
 rank) sleeps SECONDS in each step's data loading (PHASE data: as its sampler hands out the batch) or
 computation (PHASE compute: in each forward pass), or keeps its CPU busy that long (PHASE spin: a
-long computation), in every attempt: a straggler.
+long computation), in every attempt: a straggler. PHASE eval sleeps SECONDS in each forward pass of
+an evaluation or of HellaSwag's scoring (STEP unused): a long evaluation.
 
 RECORD_SAMPLES: each training batch a rank draws is appended to DIR/samples-rank<R>-<pid>.txt as
 `epoch index index ...` (split indices; run with data_loader_workers=0, so that nothing is drawn
@@ -169,6 +170,18 @@ def slow_down(phase: str, seconds: float, first_step: int) -> None:
     """Every step from first_step on takes seconds longer in phase (see SLOW)."""
     import time
 
+    if phase == "eval":
+        from mingpt.model import GPT
+
+        original_forward = GPT.forward
+
+        def evaluating(self, *args, **kwargs):
+            if not self.training:
+                time.sleep(seconds)
+            return original_forward(self, *args, **kwargs)
+
+        GPT.forward = evaluating
+        return
     if phase in ("compute", "spin"):
         from mingpt.model import GPT
 
