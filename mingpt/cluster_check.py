@@ -14,6 +14,7 @@ the key, and the check exits 1.
 The snapshots go to a temporary folder of the configured kind (a file, or a folder), never to the
 configured path, and the metrics beside them: the check writes nothing a run would read.
 """
+import copy
 import gc
 import multiprocessing
 import tempfile
@@ -37,6 +38,7 @@ from mingpt.planning.check import (
     fake_world,
     held_by,
     quiet_gradient_sync,
+    resident_peak,
     rounds,
     storage_bytes,
     wrap,
@@ -152,7 +154,8 @@ def check_rank(config: TrainConfig, cluster: CheckedCluster, rank: int) -> RankC
             error.origin = f"[rank {rank} of {cluster.world_size}] "
             raise
         try:
-            return step_and_measure(config, cluster, trainer, summary, watch)
+            check = step_and_measure(config, cluster, trainer, summary, watch)
+            return replace(check, resident_peak=resident_peak())
         finally:
             trainer.checkpointer.release()
             del trainer, objects
@@ -211,12 +214,13 @@ def data_lines(trainer: Trainer, first: torch.Tensor) -> list[str]:
              f"(the first batch's samples {shown}, ...)"]
     shards = split.dataset.shards if hasattr(split, "dataset") else None
     if shards is not None:
-        opened = shards_read(trainer, split, shards)
-        remote = sum(1 for index in opened if shards.shards[index].url)
-        fetched = (f"; a remote shard is fetched once per node into its cache ({remote} shard(s) per node, "
-                   "shared by its ranks)" if remote else "")
-        lines.append(f"reads {len(opened)} of the {len(shards.shards)} shard files in an epoch "
-                     f"({_ranges(opened)}){fetched}")
+        reads = shards_read(sampler, split)
+        remote = any(shards.shards[index].url for index in reads.opened)
+        asked = (f"; asks its node's cache for {len(reads.asked)} shard(s) in turn, {len(set(reads.asked))} "
+                 "of them distinct (a shard is fetched once per node, by the first of its ranks to ask)"
+                 if remote else "")
+        lines.append(f"reads {len(reads.opened)} of the {len(shards.shards)} shard files in an epoch "
+                     f"({_ranges(reads.opened)}){asked}")
     if trainer.test_loader is not None:
         test = trainer.test_loader.sampler
         lines.append(f"evaluation: {rounds(len(trainer.test_loader), 'batch', 'batches')} of up to {test.batch_size:,} "
@@ -227,15 +231,33 @@ def data_lines(trainer: Trainer, first: torch.Tensor) -> list[str]:
     return lines
 
 
-def shards_read(trainer: Trainer, split, shards) -> list[int]:
-    """The shard files the windows of this rank's epoch lie in (from its sampler's whole epoch)."""
-    windows, stride = split.dataset, split.dataset.stride
-    touched = set()
-    for indices in trainer.train_loader.sampler:
-        starts = split.starts(indices).numpy() * stride
+@dataclass(frozen=True)
+class ShardReads:
+    """What a rank's epoch reads of a set of shards."""
+
+    opened: list[int]
+    """The shard files its windows lie in."""
+    asked: list[int]
+    """The shards its sampler asks to have near, in order, as it enters each group of shards_at_once
+    (its group's and the next's: remote ones fetched into the machine's cache unless there)."""
+    samples: list[int]
+    """The split's samples it reads, in its order."""
+
+
+def shards_read(sampler, split) -> ShardReads:
+    """What a rank's sampler reads in its whole pass (as set), from the sampler's own order: nothing is
+    read or fetched (the read-ahead it asks for is recorded instead)."""
+    windows, asked = split.dataset, []
+    if sampler.blocks is not None:
+        sampler = copy.copy(sampler)
+        sampler.blocks = replace(sampler.blocks, warm=asked.extend)
+    touched, samples = set(), []
+    for indices in sampler:
+        samples += indices.tolist()
+        starts = split.starts(indices).numpy() * windows.stride
         for position in (starts, starts + windows.block_size):  # a window may end in the next file
-            touched.update(np.searchsorted(shards.starts, position, side="right") - 1)
-    return sorted(int(index) for index in touched)
+            touched.update(np.searchsorted(windows.shards.starts, position, side="right") - 1)
+    return ShardReads(sorted(int(index) for index in touched), asked, samples)
 
 
 def _ranges(indices: list[int]) -> str:
@@ -297,7 +319,9 @@ def report(config: TrainConfig, cluster: CheckedCluster, checks: list[RankCheck]
     verdict = (f"the planner disagrees with the measurement on rank(s) {', '.join(map(str, disagreeing))}"
                if disagreeing else "every measurement within the planner's tolerance (2% for the state, 15% "
                "for activations)")
-    lines += wrap(f"No rank refused the run ({seconds:.0f} s); {verdict}. Checked: the config; the data, its "
+    peaks = [check.resident_peak for check in checks if check.resident_peak]
+    resident = f", each rank's process at most {gb(max(peaks))} resident" if peaks else ""
+    lines += wrap(f"No rank refused the run ({seconds:.0f} s{resident}); {verdict}. Checked: the config; the data, its "
                   "split and each rank's sampler; the model placed under "
                   f"{tc.distributed_method} on the mesh the run builds, and its memory on the {device.name}; the "
                   "optimizer; one step; the snapshot layout. Not checked: what needs the other ranks' values "

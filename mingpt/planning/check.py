@@ -240,6 +240,9 @@ class RankCheck:
     """The CPU step's precision, as the World line says it."""
     mesh: str = ""
     """The device mesh the rank's parameters are sharded over (describe_mesh)."""
+    resident_peak: Optional[int] = None
+    """The high-water mark of the rank's process's resident memory (torch's code included); None
+    where the system does not say (resident_peak)."""
     data: list[str] = field(default_factory=list)
     snapshots: list[str] = field(default_factory=list)
     summary: list[str] = field(default_factory=list)
@@ -281,6 +284,15 @@ def wrap(line: str) -> list[str]:
     """A report line cut at WIDTH, its continuation indented under its text."""
     indent = len(line) - len(line.lstrip()) + 2
     return textwrap.wrap(line, width=WIDTH, subsequent_indent=" " * indent, break_on_hyphens=False) or [line]
+
+
+def resident_peak() -> Optional[int]:
+    """This process's peak resident memory so far (VmHWM, Linux), in bytes."""
+    with contextlib.suppress(OSError, StopIteration, ValueError):
+        with open("/proc/self/status") as status:
+            line = next(line for line in status if line.startswith("VmHWM:"))
+        return int(line.split()[1]) * 1024
+    return None
 
 
 class Stopwatch:
