@@ -328,11 +328,14 @@ class Checkpointer:
     def finished_on_error(self) -> Iterator[None]:
         """When training fails, the background save in flight is still finished (it is whole or not
         there: the write is atomic) before the process goes on to exit; the training error is the
-        one reported. However training ends, the lease is released."""
+        one reported, and one that failed is said as not finished, with the snapshot kept. However
+        training ends, the lease is released."""
         try:
             yield
         except BaseException:
-            self.saves.finish()
+            error = self.saves.finish()
+            if error is not None and self._under_way is not None:
+                log.info(f"A save in the background failed with the run ({short_reason(error)}): {self.kept()}")
             raise
         finally:
             self.release()

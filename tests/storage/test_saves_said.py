@@ -139,3 +139,30 @@ def test_a_save_of_a_store_that_stalls_with_other_transfers_is_the_one_named():
     assert stalled[0] is saving
     assert saving.describe(saving.moved_at + 61) == ("write of s3://b/run/sharded_20/x has not moved for 61 s "
                                                      "(2.0 MB written; saving the snapshot of step 20)")
+
+
+def test_a_run_that_fails_with_a_save_in_the_background_says_it_was_not_finished(world_of_one, tmp_path, training,
+                                                                                  caplog):
+    """Training fails (a lost peer, say) while the save of step 7 is written in the background, and
+    that save fails too: the training error is the one raised, and a line says the save was not
+    finished and which snapshot is kept (it said nothing: the snapshot a user had was anyone's guess)."""
+    model, optimizer, scaler = training
+    folder = tmp_path / "run"
+    saver = Checkpointer(SnapshotPolicy(path=str(folder), snapshot_format="sharded", async_snapshots=True),
+                         world_of_one, vocab=list("ab"))
+    saver.save("step 3", at_step(3), model, optimizer, scaler)
+    saver.finish()
+    pipe = folder / "sharded_000000007" / "__0_0.distcp"
+    pipe.parent.mkdir()
+    os.mkfifo(pipe)
+    saver.save("step 7", at_step(7), model, optimizer, scaler)  # its writer waits on the pipe
+    reader = unblock(pipe)
+    with caplog.at_level("INFO", logger="mingpt"), pytest.raises(RuntimeError, match="lost a peer"):
+        with saver.finished_on_error():
+            raise RuntimeError("lost a peer")
+    reader.join(30)
+    [said] = [record.getMessage() for record in caplog.records if "in the background" in record.getMessage()]
+    assert re.fullmatch(r"A save in the background failed with the run \(SnapshotError: could not write snapshot .*\): "
+                        rf"the last snapshot \(step 3\) is kept as it was: {re.escape(str(folder / 'sharded_000000003'))}; "
+                        r"the save of step 7, in the background, was not finished", said), said
+    assert sharded_entries(str(folder)) == [str(folder / "sharded_000000003")]
