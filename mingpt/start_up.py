@@ -28,6 +28,7 @@ from mingpt.distributed.process_group import DistEnv, barrier
 from mingpt.model import GPT
 from mingpt.run_config import TrainConfig
 from mingpt.storage.gpt2_folder import open_folder
+from mingpt.tokens.sample_order import SampleOrder, split_of
 from mingpt.trainer import Trainer
 
 TrainObjects = tuple[GPT, CharDataset, CharDataset, CharDataset]
@@ -73,10 +74,17 @@ def load_dataset(config: DataConfig, env: DistEnv) -> tuple[CharDataset, Optiona
     return dataset, validation
 
 
+def sample_order(config: TrainConfig, dataset: CharDataset) -> SampleOrder:
+    """What decides the run's training samples and their order, for its snapshots to keep."""
+    data = config.data_config
+    return SampleOrder.of(dataset.ids, dataset.block_size, split_of(data.split, data.train_split, data.val_path),
+                          dataset.stride != 1, config.trainer_config.seed)
+
+
 def start_trainer(config: TrainConfig, env: DistEnv, objects: TrainObjects) -> tuple[Trainer, list[str]]:
     """The Trainer of the run, with what it says as it starts (its summary: model, world, memory,
     batch, data and snapshot lines)."""
     model, dataset, train_set, test_set = objects
     trainer = Trainer(config.trainer_config, model, config.optimizer_config, train_set, test_set,
-                      dataset.vocabulary, env)
+                      dataset.vocabulary, env, sample_order(config, dataset))
     return trainer, trainer.summary(describe_data(config.data_config, dataset, train_set, test_set))

@@ -38,6 +38,7 @@ from mingpt.reporting.trackers import TrackerConfig
 from mingpt.storage.checkpointer import LOWER_LEARNING_RATE, SNAPSHOT_FORMATS, Checkpointer, SnapshotPolicy
 from mingpt.storage.snapshot import Progress, Snapshot
 from mingpt.tokens.data_loader import batches_per_rank, rank_loader
+from mingpt.tokens.sample_order import SampleOrder
 
 __all__ = ["Trainer", "TrainerConfig", "Snapshot"]
 
@@ -75,6 +76,10 @@ class TrainerConfig:
     save_every_minutes: float = 0.0
     """Also write one when this many minutes have passed since the last (0: off); rank 0's clock
     decides, for every rank at the same step."""
+    resume_on_other_data: bool = False
+    """Resume a snapshot trained on other data (another text or share of it, split, block size or
+    seed: its sample order), on purpose: its weights, optimizer and step count go on, and this data's
+    order starts at a new epoch. Off: such a resume is refused in one line naming what changed."""
     stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
     """Signals that stop the run cleanly: every rank finishes its step, a snapshot is written, exit 75."""
     keep_last: int = 3
@@ -224,12 +229,14 @@ class TrainerConfig:
                               keep_last=self.keep_last, async_snapshots=self.async_snapshots,
                               every_epochs=self.save_every, every_steps=self.save_every_steps,
                               every_minutes=self.save_every_minutes,
+                              resume_on_other_data=self.resume_on_other_data,
                               leased=not (self.fault_tolerant and self.ft_replica_group))
 
 
 class Trainer:
     def __init__(self, config: TrainerConfig, model: nn.Module, optimizer_config: OptimizerConfig,
-                 train_dataset: Dataset, test_dataset: Optional[Dataset], vocab: Sequence[str], env: DistEnv):
+                 train_dataset: Dataset, test_dataset: Optional[Dataset], vocab: Sequence[str], env: DistEnv,
+                 sample_order: Optional[SampleOrder] = None):
         self.config, self.optimizer_config, self.env, self.vocab = config, optimizer_config, env, vocab
         self.block_size = model.config.block_size
         self.test_samples = len(test_dataset) if test_dataset is not None else 0
@@ -243,7 +250,7 @@ class Trainer:
         self._place(model)
         self.train_loader = self._prepare_dataloader(train_dataset, train=True)
         self.test_loader = self._prepare_dataloader(test_dataset, train=False) if test_dataset else None
-        self.checkpointer = Checkpointer(config.snapshot_policy(), env, vocab)
+        self.checkpointer = Checkpointer(config.snapshot_policy(), env, vocab, sample_order)
         with self.checkpointer.released_on_error():  # a start-up that fails gives the path back
             self.guard = RunGuard(env, config.hang_timeout_s, self.checkpointer.folder, self.checkpointer.kept,
                                   compiled=config.compile, scaled=self.scaler.is_enabled(),

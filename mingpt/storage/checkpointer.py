@@ -33,10 +33,13 @@ from mingpt.storage.sharded_store import ShardedSnapshotStore
 from mingpt.storage.lease import SnapshotLease
 from mingpt.storage.snapshot import TRAINING_KEY, Progress, Snapshot
 from mingpt.storage.store import FullStateStore, SnapshotStore
+from mingpt.tokens.sample_order import SampleOrder
 from mingpt.tokens.tokenizer import Vocabulary
 
 SNAPSHOT_FORMATS = ("single", "sharded")
 RELEASE_WAIT_S = 10.0
+
+OTHER_DATA_KEY = "trainer_config.resume_on_other_data"
 LOWER_LEARNING_RATE = "with a lower optimizer_config.learning_rate (or a warmup: optimizer_config.warmup_steps)"
 
 
@@ -52,6 +55,8 @@ class SnapshotPolicy:
     every_steps: int = 0
     every_minutes: float = 0.0
     """Kept by rank 0's timer in control.StepAgreement; here only to name the reason."""
+    resume_on_other_data: bool = False
+    """Resume a snapshot whose sample order is not this run's (TrainerConfig's key), from a new epoch."""
     leased: bool = True
     """Rank 0 holds the path's lease (lease.py). Under fault tolerance replica group 0 alone does:
     the groups are one run, and whichever leads the quorum writes (distributed/fault_tolerance.py)."""
@@ -99,9 +104,13 @@ def set_rng_states(state: dict[str, Optional[torch.Tensor]], device: torch.devic
 class Checkpointer:
     """Snapshots of one run, on every rank (each takes part in every save and restore)."""
 
-    def __init__(self, policy: SnapshotPolicy, env: DistEnv, vocab: Sequence[str]):
+    def __init__(self, policy: SnapshotPolicy, env: DistEnv, vocab: Sequence[str],
+                 sample_order: Optional[SampleOrder] = None):
         self.policy = policy
         self.env = env
+        self.sample_order = sample_order
+        """What decides this run's samples and their order: kept in its snapshots, and checked against a
+        resumed one's (None: neither)."""
         self.vocab = Vocabulary.of(vocab)
         """What the snapshots keep to decode the model's output (a Vocabulary; a list: characters)."""
         self.store = open_snapshot_store(policy, env)
@@ -116,7 +125,7 @@ class Checkpointer:
         self._under_way: Optional[Progress] = None
         """A save taken and not yet known to be complete (async_snapshots: written in the background)."""
         self.unconfirmed: list[int] = []
-        """Steps of this run's snapshots not yet followed by a healthy step (note_health)."""
+        """Steps of this run's snapshots the watch has not judged yet (note_health)."""
         self._rng_to_restore: Optional[dict] = None
         self.lease = SnapshotLease(policy.path) if env.is_main and policy.leased else None
         """Global rank 0's hold on the snapshot path (lease.py): one run per path."""
@@ -201,6 +210,7 @@ class Checkpointer:
             vocab=self.vocab.tokens,
             tokenizer=self.vocab.tokenizer,
             model_config=asdict(unwrap(model).config),
+            sample_order=self.sample_order.as_dict() if self.sample_order else {},
         )
         taken = self._taken = self._under_way = replace(progress)
         saving = f"saving the snapshot of step {taken.step}"  # what a stalled write of it says it was
@@ -349,6 +359,12 @@ class Checkpointer:
         if snapshot is None:
             log.info("Snapshot not found. Training model from scratch")
             return Progress(world_size=self.env.world_size)
+        other_data = self.sample_order.changes_from(snapshot.sample_order) if self.sample_order else []
+        if other_data and not self.policy.resume_on_other_data:
+            raise SnapshotError(f"snapshot {self.policy.path} was trained on other data ({'; '.join(other_data)}): "
+                                f"its position, step {snapshot.step}, is a place in that data's sample order; set "
+                                f"{OTHER_DATA_KEY}=true to go on from its weights with this data's order from a new "
+                                f"epoch, or set {TRAINING_KEY} to a new location to start afresh")
         if snapshot.scaler_state and scaler.is_enabled():
             scaler.load_state_dict(snapshot.scaler_state)
         self.last_saved = snapshot.progress
@@ -357,8 +373,20 @@ class Checkpointer:
         if snapshot.epoch_samples:
             epoch = snapshot.finished_epoch + 1
             where = f" (step {snapshot.step}, sample {snapshot.epoch_samples} of epoch {epoch})"
+        if other_data:
+            return self._resume_on_other_data(snapshot, other_data)
         log.info(f"Resuming training from snapshot at Epoch {snapshot.finished_epoch}{where}")
         return self._resume_position(snapshot)
+
+    def _resume_on_other_data(self, snapshot: Snapshot, changes: list[str]) -> Progress:
+        """Asked for (OTHER_DATA_KEY): the weights, optimizer and step count go on, and this data's
+        order starts at the next epoch (an epoch the snapshot was in counts as ended)."""
+        finished = snapshot.finished_epoch + (1 if snapshot.epoch_samples else 0)
+        log.info(f"Resuming training from snapshot at Epoch {snapshot.finished_epoch} (step {snapshot.step}) on other "
+                 f"data ({'; '.join(changes)}; {OTHER_DATA_KEY}=true): epoch {finished + 1} starts this "
+                 "data's sample order")
+        return replace(snapshot.progress, finished_epoch=finished, epoch_step=0, epoch_samples=0,
+                       world_size=self.env.world_size)
 
     def _resume_position(self, snapshot: Snapshot) -> Progress:
         """Mid-epoch, continue with the next unseen sample of the epoch's global order.

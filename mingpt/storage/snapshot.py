@@ -101,6 +101,9 @@ class Snapshot(Progress):
     tokenizer: str = ""
     """A BPE model's tokenizer.json (tokens/tokenizer.py); empty for characters (and in snapshots
     written before BPE)."""
+    sample_order: dict[str, Any] = field(default_factory=dict)
+    """What decided the training samples and their order (tokens/sample_order.py); empty in snapshots
+    written before it was kept, or by a Trainer not given it."""
 
     @property
     def progress(self) -> Progress:
