@@ -153,6 +153,15 @@ class OptimizerConfig:
         check(0 <= self.min_lr_ratio <= 1, "optimizer_config.min_lr_ratio",
               f"must be in [0, 1], got {self.min_lr_ratio}")
 
+    def describe(self) -> str:
+        """The start-up's line: "AdamW, learning rate 0.0003, constant, weight decay 0.1"."""
+        schedule = self.lr_schedule + (f" after {self.warmup_steps:,} warmup steps" if self.warmup_steps else "")
+        adamw = f"AdamW, learning rate {self.learning_rate:g}, {schedule}, weight decay {self.weight_decay:g}"
+        if self.name == "muon":
+            return (f"Muon for the blocks' matrices (learning rate {self.muon_learning_rate:g}, momentum "
+                    f"{self.muon_momentum:g}), {adamw} for the rest (optimizer_config.name)")
+        return f"{adamw} (optimizer_config.name)"
+
 
 def learning_rate_at(step: int, total_steps: int, config: OptimizerConfig) -> float:
     """The learning rate for optimizer step `step` (0-based): a pure function of the step, so a

@@ -324,6 +324,7 @@ class Trainer:
             method += f" ({within} within each replica group)"
         return [
             f"Model: {parallel.unwrap(self.model).describe()}",
+            f"Optimizer: {self.optimizer_config.describe()}",
             f"World: {env.describe()}; {method}{offload}; {self.precision}; "
             f"{parallel.local_parameter_bytes(self.model) / 1e6:.1f} MB of parameters per rank",
             f"Memory: {self.memory.describe()}",

@@ -271,3 +271,12 @@ def test_learning_rate_warms_up_then_follows_the_schedule():
 def test_bad_schedule_names_the_key():
     with pytest.raises(ConfigError, match="optimizer_config.lr_schedule"):
         OptimizerConfig(lr_schedule="linear")
+
+
+def test_the_optimizer_is_named_as_the_run_starts():
+    assert OptimizerConfig().describe() == ("AdamW, learning rate 0.0003, constant, weight decay 0.1 "
+                                            "(optimizer_config.name)")
+    muon = OptimizerConfig(name="muon", warmup_steps=100, lr_schedule="cosine")
+    assert muon.describe() == ("Muon for the blocks' matrices (learning rate 0.02, momentum 0.95), AdamW, learning "
+                               "rate 0.0003, cosine after 100 warmup steps, weight decay 0.1 for the rest "
+                               "(optimizer_config.name)")
