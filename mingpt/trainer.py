@@ -139,12 +139,16 @@ class TrainerConfig:
     enough for the slowest step, a compilation or an evaluation batch, well under the collective
     timeout below. A rank writing a snapshot is never taken for hung."""
     loss_spike_ratio: float = 2.0
-    """A step's loss above this many times the mean of the recent healthy losses (an exponential
-    moving average over about 20 steps) is a spike; loss_spike_steps of them in a row stop the run as
-    diverged, like a loss that is not finite (always judged). It then goes back to the newest
-    snapshot that healthy steps followed (docs/snapshots.md). 0: spikes are not judged."""
-    loss_spike_steps: int = 3
-    """How many spiking steps in a row are divergence (a lone spike the run recovers from is not)."""
+    """The divergence watch's measure (docs/snapshots.md#the-divergence-watch): a step's loss above this
+    many times the recent mean (an exponential moving average over about 20 steps) is a spike, which
+    must settle within loss_spike_steps; the loss's trend (over about 5 steps) at this many times the
+    run's best is a slow rise. Either stops the run as diverged, like a value that is not finite
+    (always judged), and sends it back to the newest snapshot that healthy steps followed. 0: spikes
+    and rises are not judged."""
+    loss_spike_steps: int = 20
+    """Steps a spike has to settle: its loss back under loss_spike_ratio times the recent mean (a lone
+    spike), or its gradient norm back under loss_spike_ratio times its mean before the spike with the
+    loss coming down (new data being learned). 1: every spike is divergence."""
     process_group_timeout_s: float = DEFAULT_TIMEOUT_S
     """How long a collective waits for the slowest rank before failing the run; it must cover rank
     0 writing a single-file snapshot alone (to S3, minutes for a large model) while the rest wait."""
@@ -520,21 +524,17 @@ class Trainer:
         snapshots taken inside the divergence are set aside for the last healthy one."""
         self.checkpointer.finish()  # a save in flight was of finite weights (save() checks them)
         lr = learning_rate_at(since - 1, self.total_steps, self.optimizer_config)
-        cause = first_said(self._divergence_cause(since, lr) if self.env.is_main else None)  # rank 0's view
-        advice = LOWER_LEARNING_RATE + ("; a spike that was no divergence: raise trainer_config.loss_spike_ratio "
-                                        "(0: off)" if "spiked" in cause else "")
+        said = first_said(self._divergence_cause(since, lr) if self.env.is_main else None)  # rank 0's view
+        cause, advice = said.split("\n")
         raise TrainingDiverged(f"training diverged: {cause}; stopped, "
-                               f"{self.checkpointer.go_back_to_healthy(advice)}")
+                               f"{self.checkpointer.go_back_to_healthy(LOWER_LEARNING_RATE + advice)}")
 
     def _divergence_cause(self, since: int, lr: float) -> str:
-        divergence = self.guard.divergence
-        if not divergence.spiked():
-            loss, loss_step = divergence.last_finite_loss()
-            last = f"last finite loss {loss:.4f} at step {loss_step}" if loss_step else "no finite loss before it"
-            return f"the loss is not finite from step {since} (learning rate {lr:.3g}; {last})"
-        loss, mean = divergence.latest_spike()
-        return (f"the loss spiked from step {since} (to {loss:.4g}, {loss / mean:.1f}x its recent mean "
-                f"{mean:.4f}, for {self.config.loss_spike_steps} steps; learning rate {lr:.3g})")
+        """What rank 0's watch saw, and then (after a newline) what to change if it was no divergence."""
+        divergence = self.guard.divergence.divergence()
+        if divergence is None:  # another rank's verdict
+            return f"the loss of another rank diverged from step {since} (learning rate {lr:.3g})\n"
+        return f"{divergence.cause(lr)}\n{divergence.advice()}"
 
     def _run_batch(self, source: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The original's _run_batch: the forward pass in the run's precision, the backward pass

@@ -38,7 +38,6 @@ from mingpt.tokens.tokenizer import Vocabulary
 
 SNAPSHOT_FORMATS = ("single", "sharded")
 RELEASE_WAIT_S = 10.0
-
 OTHER_DATA_KEY = "trainer_config.resume_on_other_data"
 LOWER_LEARNING_RATE = "with a lower optimizer_config.learning_rate (or a warmup: optimizer_config.warmup_steps)"
 
@@ -251,12 +250,16 @@ class Checkpointer:
         log.info(f"Snapshot saved at {when}")
 
     def note_health(self, health: Health) -> None:
-        """The run's health as the DivergenceWatch last read it: the newest snapshot that healthy
-        steps followed becomes the one the store keeps for a diverged run to go back to."""
+        """The run's health as the DivergenceWatch last judged it (a step late, before this step's
+        snapshot is taken): the newest snapshot that healthy steps followed becomes the one the store
+        keeps for a diverged run to go back to, and those not judged yet (written since the judged
+        step) are kept too, for they may become it. The rest were followed by an unhealthy step, or
+        by a newer confirmed one: the store may let them go."""
         followed = [step for step in self.unconfirmed if health.followed_healthily(step)]
         if followed:
             self.store.confirm(followed[-1])
-            self.unconfirmed = [step for step in self.unconfirmed if step > followed[-1]]
+        self.unconfirmed = [step for step in self.unconfirmed if step >= health.as_of]
+        self.store.keep_pending(self.unconfirmed)
 
     def go_back_to_healthy(self, advice: str) -> str:
         """After divergence (every rank calls it, rank 0 acts): the snapshots written since the newest

@@ -18,7 +18,7 @@ import io
 import logging
 import pickle
 from dataclasses import replace
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -52,7 +52,7 @@ from mingpt.storage.snapshot import (
     write_error,
     write_snapshot,
 )
-from mingpt.storage.store import SetAside, check_format, set_aside_entries
+from mingpt.storage.store import SetAside, check_format, prune, set_aside_entries
 
 DCP_ERRORS = (Exception, CheckpointException)  # DCP gathers ranks' errors into a BaseException
 _SAFE_MODULES = ("torch.distributed.checkpoint.",)
@@ -224,6 +224,8 @@ class ShardedSnapshotStore:
         the default group, for saves in the training thread)."""
         self.confirmed: Optional[int] = None
         """The step of the newest snapshot healthy steps followed: never pruned (store.SnapshotStore)."""
+        self.pending: frozenset[int] = frozenset()
+        """Steps of snapshots not judged yet: never pruned either (keep_pending)."""
         self._shards_step: Optional[int] = None
         """The step whose shards this store last wrote or restored. A save at the same step (the
         epoch's snapshot right after a step snapshot) rewrites info.pt only: the shards would be
@@ -252,31 +254,33 @@ class ShardedSnapshotStore:
         the background."""
         tensors, param_groups = _sharded_state(model, optimizer)
         target = f"{self.path}/sharded_{info.step:09d}"
+        kept = {self._folder_of(step) for step in {self.confirmed, *self.pending} if step is not None}
         if info.step == self._shards_step:
             info_only = replace(info, optimizer_state={"param_groups": param_groups})
-            return lambda: self._complete(target, info_only, is_main)
+            return lambda: self._complete(target, info_only, is_main, kept)
         self._shards_step = info.step
         group = self.process_group
         share = rank_share(tensors, dist.get_rank(group), dist.get_world_size(group))
         tensors, param_groups = copy((share, param_groups))
         info_without_tensors = replace(info, optimizer_state={"param_groups": param_groups})
-        return lambda: self._write(target, tensors, info_without_tensors, is_main)
+        return lambda: self._write(target, tensors, info_without_tensors, is_main, kept)
 
-    def _write(self, target: str, tensors: dict, info: Snapshot, is_main: bool) -> None:
+    def _write(self, target: str, tensors: dict, info: Snapshot, is_main: bool, kept: set[str]) -> None:
         """dcp.save on every rank. It returns on rank 0 only once every rank's shards are written
         (each rank's write result is gathered there before .metadata is written), so rank 0 can
         then write info.pt, which marks the folder complete."""
         with _write_errors_reported(target):
             dcp.save(tensors, storage_writer=_watched_writer(target), process_group=self.process_group)
-        self._complete(target, info, is_main)
+        self._complete(target, info, is_main, kept)
 
-    def _complete(self, target: str, info: Snapshot, is_main: bool) -> None:
-        """Rank 0 writes info.pt (atomically: it replaces an older one whole) and prunes old folders."""
+    def _complete(self, target: str, info: Snapshot, is_main: bool, kept: set[str]) -> None:
+        """Rank 0 writes info.pt (atomically: it replaces an older one whole) and prunes old folders,
+        save those kept (the confirmed one's, and those not judged yet: decided when it was taken)."""
         if not is_main:
             return
         with _write_errors_reported(target):
             write_snapshot(info, f"{target}/{SHARDED_INFO}")
-            files.keep_newest(self._entries(), self.keep_last, also=self._folder_of(self.confirmed))
+            prune(self._entries(), self.keep_last, kept)
 
     def _folder_of(self, step: Optional[int]) -> Optional[str]:
         return f"{self.path}/sharded_{step:09d}" if step is not None else None
@@ -287,8 +291,11 @@ class ShardedSnapshotStore:
     def confirm(self, step: int) -> None:
         self.confirmed = step
 
+    def keep_pending(self, steps: Sequence[int]) -> None:
+        self.pending = frozenset(steps)
+
     def tidy(self) -> None:
-        files.keep_newest(self._entries(), self.keep_last)
+        prune(self._entries(), self.keep_last)
 
     def set_aside(self) -> SetAside:
         """A folder newer than the confirmed one loses its info.pt (renamed DIVERGED_INFO): incomplete,

@@ -93,33 +93,91 @@ def test_a_snapshot_of_another_vocabulary_padding_resumes_the_same_model(tmp_pat
         torch.testing.assert_close(step(padded, padded_optimizer), step(unpadded, optimizer))
 
 
-@pytest.mark.parametrize("layout", ["file", "folder", "sharded"])
-def test_a_diverged_run_goes_back_to_the_newest_snapshot_healthy_steps_followed(tmp_path, world_of_one, layout):
-    """Snapshots at steps 1, 2 and 3; a healthy step followed step 1's, an unhealthy one step 2's (a
-    spike began). Pruning to keep_last=1 keeps step 1's all the same, and when the run stops as
-    diverged, steps 2 and 3 are set aside: a resume picks step 1's weights."""
-    path = {"file": tmp_path / "snap.pt", "folder": tmp_path / "run", "sharded": tmp_path / "run"}[layout]
-    policy = SnapshotPolicy(path=str(path), keep_last=1,
-                            snapshot_format="sharded" if layout == "sharded" else "single")
+LAYOUTS = {"file": "snap.pt", "folder": "run", "sharded": "run"}
+
+
+def tiny_model_and_optimizer():
     model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, vocab_size=2, block_size=4))
-    optimizer = create_optimizer(model, OptimizerConfig())
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    return model, create_optimizer(model, OptimizerConfig()), torch.amp.GradScaler("cpu", enabled=False)
+
+
+def run_with_a_spike(tmp_path, layout: str, unhealthy_from: int, verdict_at: int, every: int = 1,
+                     **policy) -> tuple[Checkpointer, str, list[int]]:
+    """A run as the Trainer drives its Checkpointer: after each step, the health the watch judged a
+    step late (as of the step before), then the snapshot due at this step (every `every` steps, the
+    head's weights filled with the step's number). Steps from unhealthy_from on are unhealthy (a
+    spike); the run stops as diverged at verdict_at, before its snapshot. Returns the Checkpointer,
+    what it said, and the number of snapshot files there were at most during the run."""
+    path = tmp_path / LAYOUTS[layout]
+    policy = SnapshotPolicy(path=str(path), keep_last=1, snapshot_format="sharded" if layout == "sharded"
+                            else "single", **policy)
+    model, optimizer, scaler = tiny_model_and_optimizer()
     saver = Checkpointer(policy, ONE_PROCESS, vocab=list("ab"))
-    for step, health in ((1, Health(as_of=2, last_unhealthy=0)), (2, Health(as_of=3, last_unhealthy=3)),
-                         (3, Health(as_of=3, last_unhealthy=3))):
-        with torch.no_grad():
-            model.head.weight.fill_(step)
-        saver.save(f"step {step}", mid_epoch(step), model, optimizer, scaler)
-        saver.note_health(health)
-    said = saver.go_back_to_healthy("with a lower learning rate")
-    assert said.startswith(f"resume from {path}") and "(step 1, the newest snapshot healthy steps followed)" in said
+    most = []
+    for step in range(1, verdict_at + 1):
+        judged = step - 1
+        saver.note_health(Health(as_of=judged, last_unhealthy=judged if judged >= unhealthy_from else 0))
+        if step == verdict_at:
+            break
+        if step % every == 0:
+            with torch.no_grad():
+                model.head.weight.fill_(step)
+            saver.save(f"step {step}", mid_epoch(step), model, optimizer, scaler)
+            saver.finish()
+            most.append(len([p for p in tmp_path.rglob("*.pt") if "sharded_" not in p.parent.name]
+                            + list(tmp_path.glob("sharded_*"))))
+    return saver, saver.go_back_to_healthy("with a lower learning rate"), most
+
+
+@pytest.mark.parametrize("layout, async_snapshots", [("file", False), ("file", True), ("folder", False),
+                                                     ("sharded", False)])
+def test_snapshots_at_every_step_keep_the_newest_one_healthy_steps_followed(tmp_path, world_of_one, layout,
+                                                                            async_snapshots):
+    """A snapshot at every step, one file or keep_last=1 (issue 54: neither kept a healthy copy,
+    since the watch judges a step late: the snapshot it would confirm had been replaced already).
+    Healthy steps 1 to 6, a spike from step 7, the verdict at step 10: step 6's snapshot was followed
+    by the spike, step 5's by healthy step 6, so a resume picks step 5's weights, never a newer one
+    written inside the spike (issue 55's hole 2: the newest, 9, taken for healthy). The cost on the
+    disk: at most two snapshots beyond the newest while the run went on."""
+    saver, said, most = run_with_a_spike(tmp_path, layout, unhealthy_from=7, verdict_at=10,
+                                         async_snapshots=async_snapshots)
+    assert said.startswith("resume from ") and "(step 5, the newest snapshot healthy steps followed)" in said, said
     assert "set aside so that no run resumes from them" in said and "\n" not in said
-    assert saver.resume(model, optimizer, scaler) == mid_epoch(1)
-    assert (model.head.weight == 1).all()
-    set_aside = {"file": ["snap.diverged.pt"], "folder": ["diverged_000000003.pt"],
-                 "sharded": ["sharded_000000003/diverged_info.pt"]}[layout]
-    assert all((tmp_path / ("" if layout == "file" else "run") / name).exists() for name in set_aside), \
-        sorted(p.name for p in tmp_path.rglob("*"))
+    model, optimizer, scaler = tiny_model_and_optimizer()
+    resumed = Checkpointer(saver.policy, ONE_PROCESS, vocab=list("ab"))
+    assert resumed.resume(model, optimizer, scaler) == mid_epoch(5)
+    assert (model.head.weight == 5).all()
+    assert max(most) <= 3, most
+    set_aside = {"file": ["snap.diverged.pt"], "folder": ["run/diverged_000000009.pt"],
+                 "sharded": ["run/sharded_000000009/diverged_info.pt"]}[layout]
+    assert all((tmp_path / name).exists() for name in set_aside), sorted(p.name for p in tmp_path.rglob("*"))
+    assert not list(tmp_path.glob("snap.previous.pt")) and not list(tmp_path.glob("snap.last_good.pt"))
+
+
+@pytest.mark.parametrize("layout", ["file", "folder"])
+def test_the_copies_kept_for_a_divergence_go_when_the_run_ends(tmp_path, world_of_one, layout):
+    """While the run goes on, the newest snapshot healthy steps followed and the one not judged yet
+    are kept beside the newest; once it ends (released), only the newest keep_last remain."""
+    path = tmp_path / LAYOUTS[layout]
+    saver = Checkpointer(SnapshotPolicy(path=str(path), keep_last=1), ONE_PROCESS, vocab=list("ab"))
+    model, optimizer, scaler = tiny_model_and_optimizer()
+    for step in range(1, 6):
+        saver.note_health(Health(as_of=step - 1, last_unhealthy=0))
+        saver.save(f"step {step}", mid_epoch(step), model, optimizer, scaler)
+    kept = sorted(p.name for p in tmp_path.rglob("*.pt"))
+    assert kept == {"file": ["snap.last_good.pt", "snap.previous.pt", "snap.pt"],
+                    "folder": [f"snapshot_00000000{step}.pt" for step in (3, 4, 5)]}[layout]
+    saver.release()
+    assert sorted(p.name for p in tmp_path.rglob("*.pt")) == {"file": ["snap.pt"],
+                                                               "folder": ["snapshot_000000005.pt"]}[layout]
+
+
+def test_a_sparser_cadence_keeps_one_healthy_copy_and_judged_snapshots_go(tmp_path, world_of_one):
+    """Every 3 steps, the snapshot a save replaces has been judged already: the healthy one stays as
+    last_good (no previous copy is needed), one that a spike followed goes."""
+    saver, said, most = run_with_a_spike(tmp_path, "file", unhealthy_from=8, verdict_at=14, every=3)
+    assert "(step 6, the newest snapshot healthy steps followed)" in said, said
+    assert max(most) <= 2, most
 
 
 def test_a_run_that_diverged_before_any_healthy_snapshot_leaves_none_to_resume(tmp_path, world_of_one):

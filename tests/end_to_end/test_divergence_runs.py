@@ -1,0 +1,106 @@
+"""The divergence watch on real runs of main.py (in this process) on real text: a slow rise caught and
+its snapshots set aside, a change of data that the run learns left alone, a snapshot at every step
+still leaving a healthy one to go back to (issues 54 and 55). The rules themselves, step by step:
+tests/distributed/test_divergence.py; the stores' copies: tests/storage/test_checkpointer.py."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import REPO, assert_ok, one_error_line, run_main_in_process, tiny_overrides
+
+SHAKESPEARE = REPO / "data" / "input.txt"
+DIVERGED = re.compile(r"error: training diverged: the loss (?:rose|spiked) from step (\d+)\D.*; stopped, resume from "
+                      r"(\S+) \(step (\d+), the newest snapshot healthy steps followed\), with a lower "
+                      r"optimizer_config.learning_rate .*; set aside so that no run resumes from them: (.*)")
+
+
+def train_losses(metrics: Path) -> dict[int, float]:
+    """Each step's training loss, from the run's metrics file."""
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    return {line["step"]: line["loss"] for line in lines if line["kind"] == "train"}
+
+
+def warmed_up_to(snapshot: Path, learning_rate: float, warmup_steps: int, **extra) -> list[str]:
+    """A small model on the first 5% of tiny-shakespeare whose learning rate is warmed up to one far too
+    high, a snapshot at every step (the cadence that kept no healthy copy, issue 54)."""
+    return tiny_overrides(SHAKESPEARE, snapshot, data_config__truncate=0.05, trainer_config__max_steps=400,
+                          trainer_config__save_every_steps=1, trainer_config__log_every=100,
+                          optimizer_config__learning_rate=learning_rate,
+                          optimizer_config__warmup_steps=warmup_steps, **extra)
+
+
+def test_a_slow_rise_stops_the_run_and_a_resume_starts_before_it(tmp_path, capsys, one_torch_thread):
+    """A warmup to a learning rate of 2: the loss climbs from its best without ever spiking (the old
+    watch's recent mean climbed with it: the run trained on). It is caught once its trend is twice
+    the run's best; the snapshot kept (one file, replaced at every step) is the newest that healthy
+    steps followed, from before the rise, not the newest one (issue 55's hole 2): the losses of the
+    steps around its weights were near the best, where the run ended at twice it."""
+    snapshot = tmp_path / "snap.pt"
+    result = run_main_in_process(warmed_up_to(snapshot, 2.0, 60), capsys)
+    line = one_error_line(result)
+    match, best = DIVERGED.fullmatch(line), re.search(r"x the run's best ([\d.]+) at step", line)
+    assert match and best and "the loss rose from step" in line, line
+    since, resume_from, resume_step, moved = match.groups()
+    since, resume_step, best = int(since), int(resume_step), float(best.group(1))
+    assert 0 < resume_step < since and resume_from == str(snapshot), line
+    assert torch.load(snapshot, weights_only=True)["step"] == resume_step
+    diverged = torch.load(snapshot.with_suffix(".diverged.pt"), weights_only=True)["step"]
+    assert moved == str(snapshot.with_suffix(".diverged.pt")) and diverged > since
+    assert sorted(path.name for path in tmp_path.glob("snap*.pt")) == ["snap.diverged.pt", "snap.pt"]
+    losses = train_losses(tmp_path / "snap.metrics.jsonl")
+    around = sum(losses[step] for step in range(resume_step - 3, resume_step + 2)) / 5  # its weights' step: +1
+    at_the_end = sum(losses[step] for step in range(diverged - 4, diverged + 1)) / 5
+    assert around < 1.5 * best < 2 * best < at_the_end, (best, around, at_the_end)
+
+
+@pytest.mark.slow
+def test_a_change_of_data_that_the_run_learns_does_not_stop_it(tmp_path, capsys, one_torch_thread):
+    """Easy text (a line repeated), learnt down to a loss near 0.1, then tiny-shakespeare in the same
+    epoch (a set of two texts read one after the other, split=contiguous, and a seed whose order
+    visits the easy one first): the loss jumps some fifty times over, the old watch stopped the run
+    there as a spike ('spiked ... 61.6x its recent mean', issue 55), though it then learns. The
+    gradient norm is back to its usual size within a dozen steps: the run trains to its end."""
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    line = "to be or not to be, that is the question.\n"
+    (texts / "a_easy.txt").write_text(line * (64_000 // len(line)))
+    (texts / "b_shakespeare.txt").write_text(SHAKESPEARE.read_text()[:100_000])
+    overrides = tiny_overrides(texts, tmp_path / "snap.pt", data_config__split="contiguous",
+                               data_config__shards_at_once=1, data_config__block_size=32,
+                               gpt_config__n_embd=64, trainer_config__seed=4, trainer_config__log_every=50)
+    result = run_main_in_process([f"{o}/" if o.startswith("data_config.path=") else o for o in overrides],
+                                 capsys)
+    assert_ok(result)
+    assert "Finished: epoch 1" in result.stdout
+    losses = list(train_losses(tmp_path / "snap.metrics.jsonl").values())
+    changed = max(range(1, len(losses)), key=lambda i: losses[i] / losses[i - 1])
+    easy, jump = min(losses[:changed]), max(losses[changed:changed + 5])
+    assert 40 < changed < len(losses) - 50 and easy < 0.2 and jump > 30 * easy, (changed, easy, jump)
+    assert losses[-1] < jump / 2  # it learnt the new text
+
+
+@pytest.mark.slow
+def test_a_folder_keeping_one_snapshot_saved_at_every_step_goes_back_to_a_healthy_one(tmp_path, capsys,
+                                                                                    one_torch_thread):
+    """Issue 54's run (a learning rate warmed up to 3 over 300 steps, a snapshot at every step) in a
+    folder with keep_last=1: it said 'no snapshot of this run was followed by healthy steps ... starts
+    afresh'. Now the snapshot before the divergence is there, and the next run, with a learning rate
+    that suits the model, resumes from it and learns on."""
+    folder = tmp_path / "run"
+    result = run_main_in_process(warmed_up_to(folder, 3.0, 300, trainer_config__keep_last=1), capsys)
+    match = DIVERGED.fullmatch(one_error_line(result))
+    assert match, one_error_line(result)
+    since, resume_from, resume_step, _ = match.groups()
+    assert 0 < int(resume_step) < int(since) and resume_from == str(folder / f"snapshot_{int(resume_step):09d}.pt")
+    assert [path.name for path in folder.glob("snapshot_*.pt")] == [Path(resume_from).name]
+
+    resumed = run_main_in_process(tiny_overrides(SHAKESPEARE, folder, data_config__truncate=0.05,
+                                                 trainer_config__max_steps=int(resume_step) + 40,
+                                                 trainer_config__log_every=10, trainer_config__keep_last=1,
+                                                 optimizer_config__learning_rate=3e-3), capsys)
+    assert_ok(resumed)
+    assert f"(step {resume_step}, sample " in resumed.stdout
+    losses = [loss for step, loss in train_losses(folder / "metrics.jsonl").items() if step > int(resume_step)]
+    assert len(losses) == 40 and sum(losses[-5:]) < sum(losses[:5]), losses  # it learns on from there
