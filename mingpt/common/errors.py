@@ -5,10 +5,12 @@ Anything else that goes wrong is a bug and keeps its traceback. Every command th
 """
 import argparse
 import atexit
+import contextlib
 import functools
 import gc
 import os
 import sys
+from pathlib import Path
 from typing import Callable, TypeVar
 
 Result = TypeVar("Result")
@@ -142,6 +144,18 @@ def own_line(error: MinGPTError) -> str:
     return text
 
 
+USER_ERROR_RECORD_ENV = "MINGPT_USER_ERRORS"
+"""A folder where a process that ends on a user's error leaves a file rank<N> (launch.py sets it): its
+launcher does not start it again, since it would say the same."""
+
+
+def record_user_error(line: str) -> None:
+    folder = os.environ.get(USER_ERROR_RECORD_ENV)
+    if folder:
+        with contextlib.suppress(OSError):
+            (Path(folder) / f"rank{os.environ.get('RANK', '0')}").write_text(line)
+
+
 def command(body: Callable[..., Result]) -> Callable[..., Result]:
     """The shell of every command: a MinGPTError is said in one line on stderr and exits with status
     1; anything else keeps its traceback. Called in a test, a command returns what body returns."""
@@ -155,6 +169,7 @@ def command(body: Callable[..., Result]) -> Callable[..., Result]:
         except MinGPTError as error:
             if not error.said:
                 say_error(error, error.origin)
+            record_user_error(own_line(error))
             sys.exit(1)
         except BrokenPipeError:  # the reader went away (`| head`): no traceback, nothing more to say
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what is buffered goes nowhere

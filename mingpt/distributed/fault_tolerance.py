@@ -29,13 +29,25 @@ step's, when it is not committed) are counted into the metrics ("missed" lines).
 written by the lowest-numbered group in the quorum (its rank 0), so that they go on when any group is
 lost, and a run that loses every group resumes from them as any run does.
 
+One voice: the lowest-numbered group of the quorum (the snapshot writer) says the run's lines, as
+global rank 0 does in a run without the mode; the others say only their warnings and errors and what
+happens to them alone (healing). A group that comes back after a failure stays quiet until its first
+quorum, so its start-up ("Training model from scratch", the summary) is not said before it heals.
+
+The lighthouse is part of the run: a group waiting for a quorum watches it, and one that is gone (its
+port refuses connections, or stays silent for ft_timeout_s) ends the wait at once, since a quorum
+request in flight would otherwise wait out the whole ft_quorum_timeout_s: the group then stops with
+a snapshot as on a stop signal (the step under way is not committed), and says why.
+
 torchft is an optional dependency (the `ft` extra); nothing here imports it until the mode is on.
 """
+import concurrent.futures
 import contextlib
 import dataclasses
 import importlib.util
 import logging
 import os
+import signal
 import socket
 import time
 import urllib.parse
@@ -56,9 +68,17 @@ FT_EXTRA = "pip install -e '.[ft]' (torchft)"
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 """torchft's own variable for the lighthouse's address, read when trainer_config.ft_lighthouse is empty."""
 KEY = "trainer_config.fault_tolerant"
+RESTART_ENV = "MINGPT_RESTART"
+"""How many times launch.py has started this process's workers again after a failure (torchrun's own
+restarts count in TORCHELASTIC_RESTART_COUNT)."""
 
 def torchft_installed() -> bool:
     return importlib.util.find_spec("torchft") is not None
+
+
+def restarted() -> bool:
+    """Whether this process's group was started again after a failure (by launch.py, or by torchrun)."""
+    return any(int(os.environ.get(name) or 0) > 0 for name in (RESTART_ENV, "TORCHELASTIC_RESTART_COUNT"))
 
 
 @dataclass(frozen=True)
@@ -121,12 +141,16 @@ class Replicas:
         self._quorum_done_at = time.monotonic()
         self._first_quorum = True
         self._healed = False
+        self._abandoned = False
+        """The lighthouse went away during this step's quorum: the step is not committed, and no further
+        quorum is asked for (torchft would wait for the one still in flight)."""
 
     @classmethod
     def open(cls, settings: ReplicaSettings, env: DistEnv) -> "Replicas":
         """This group's Manager, joined to the lighthouse (no quorum yet: join() forms the first)."""
         replicas = cls(settings, env)
         if settings.enabled:
+            replicas._speak(replicas.speaks_at_start)
             replicas._start_manager()
         return replicas
 
@@ -180,26 +204,26 @@ class Replicas:
 
     def _start_manager(self) -> None:
         quiet_torchft()  # before torchft is imported: its Rust core reads RUST_LOG then
-        from torchft import Manager
-
         settings, env = self.settings, self.env
-        lighthouse = settings.lighthouse_address()
+        self.lighthouse = settings.lighthouse_address()
         host, port, self._store = group_store(env)
         self.process_group = replica_process_group(env.device, timedelta(seconds=settings.timeout_s))
         try:
-            self.manager = Manager(
+            # connect_timeout: a lighthouse that does not answer is said after ft_timeout_s, not after
+            # the quorum's timeout (which a restarted group would otherwise wait out with nothing there).
+            self.manager = watched_manager(self)(
                 pg=self.process_group, load_state_dict=None, state_dict=None, min_replica_size=settings.min_groups,
                 use_async_quorum=False, init_sync=False, replica_id=f"replica_{settings.group}",
                 timeout=timedelta(seconds=settings.timeout_s),
                 quorum_timeout=timedelta(seconds=settings.quorum_timeout_s),
-                connect_timeout=timedelta(seconds=settings.quorum_timeout_s),
+                connect_timeout=timedelta(seconds=settings.timeout_s),
                 store_addr=host, store_port=port, rank=env.rank, world_size=env.world_size,
-                lighthouse_addr=lighthouse, hostname=host)
+                lighthouse_addr=self.lighthouse, hostname=host)
         except Exception as error:  # the lighthouse cannot be reached (torchft says it in many words)
-            raise MinGPTError(lighthouse_lost(lighthouse, error, "start")) from None
+            raise MinGPTError(lighthouse_lost(self.lighthouse, error, "start")) from None
         quiet_checkpoint_server(self.manager)
         log.info(f"Replicas: replica group {settings.group} of {settings.groups} ({env.world_size} rank(s) each), "
-                 f"lighthouse {lighthouse}, training while {settings.min_groups} or more are live; a group "
+                 f"lighthouse {self.lighthouse}, training while {settings.min_groups} or more are live; a group "
                  f"lost in a step costs that step, a silent one is given up after {settings.timeout_s:g} s "
                  "(trainer_config.ft_timeout_s)")
 
@@ -226,8 +250,8 @@ class Replicas:
             for name, value in received["progress"].items():
                 setattr(progress, name, value)
             self._healed = True
-            log.info(f"Healed from replica group {received['group']} at step {progress.step}: its model, "
-                     "optimizer and position, fetched live, not the last snapshot")
+            self._say(f"Healed from replica group {received['group']} at step {progress.step}: its model, "
+                      "optimizer and position, fetched live, not the last snapshot", always=True)
 
         self.manager.register_state_dict_fn("training", heal, state)
 
@@ -238,6 +262,11 @@ class Replicas:
         if self.active:
             self._quorum(say=False)
             self._gather_every_group()
+            if restarted() and not self._healed and self.speaks:
+                step = self._progress.step if self._progress is not None else 0
+                where = f"the snapshot of step {step}" if step else "scratch"
+                self._say(f"Replica group {self.settings.group} came back with no live group to heal from: "
+                          f"training goes on from {where}")
             self._say_membership(before=())
             self._pending_quorum = True  # the first step's: zero_grad starts none
         return self
@@ -250,17 +279,20 @@ class Replicas:
         others import torch, their share of those steps skipped. A group that healed joins a run
         under way and goes on at once."""
         missing = set(range(self.settings.groups)) - set(self.members)
-        if self._healed or not missing:
+        if self._healed or self._abandoned or not missing:
             return
         log.info(f"Waiting for replica group(s) {names(sorted(missing))} to start (at most "
                  f"{self.settings.quorum_timeout_s:g} s: trainer_config.ft_quorum_timeout_s)")
         deadline = time.monotonic() + self.settings.quorum_timeout_s
-        while len(self.members) < self.settings.groups and not self._healed and time.monotonic() < deadline:
+        while (len(self.members) < self.settings.groups and not self._healed and not self._abandoned
+               and time.monotonic() < deadline):
             time.sleep(self.GATHER_POLL_S)
             self._quorum(say=False)
 
     def __exit__(self, *exc_info) -> None:
         if self.active:
+            if self._abandoned:
+                end_quorum_request(self.manager)
             self.manager.shutdown(wait=False)
 
     def start_step(self) -> None:
@@ -271,14 +303,87 @@ class Replicas:
         self._quorum()
 
     def _quorum(self, say: bool = True) -> None:
+        if self._abandoned:  # the stop the lost lighthouse asked for did not end the run
+            raise MinGPTError(lighthouse_lost(self.lighthouse, LighthouseGone(), f"step {self._next_step()}"))
         try:
             self.manager.start_quorum()
+        except LighthouseGone as gone:
+            self._lighthouse_gone(gone)
+            return
         except Exception as error:
             raise MinGPTError(self._no_quorum(error)) from None
         before, self.members = self.members, self.process_group.members or self.members
+        self._speak(self.speaks)
         if say:
             self._say_membership(before)
         self._quorum_done_at = time.monotonic()
+
+    WATCH_S = 0.5
+    """How often a group waiting for its quorum looks at the lighthouse."""
+    REFUSALS = 2
+    """Refused connections in a row that make a lighthouse gone (nothing listens at its port)."""
+
+    def wait_for_quorum(self, quorum: concurrent.futures.Future) -> None:
+        """The Manager's wait for a quorum (WatchedManager), watching the lighthouse meanwhile: a request
+        in flight when it dies is never answered (nor by a lighthouse started again), and torchft would
+        wait out ft_quorum_timeout_s. Gone: its port refuses twice in a row, or is silent (a machine
+        gone) for ft_timeout_s."""
+        refusals, silent_since = 0, None
+        while not concurrent.futures.wait([quorum], timeout=self.WATCH_S).done:
+            answer = lighthouse_answer(self.lighthouse)
+            if answer == "up":
+                refusals, silent_since = 0, None
+                continue
+            refusals = refusals + 1 if answer == "refused" else 0
+            silent_since = (silent_since or time.monotonic()) if answer == "silent" else None
+            if refusals >= self.REFUSALS or (silent_since and time.monotonic() - silent_since >= self.settings.timeout_s):
+                raise LighthouseGone(answer)
+        quorum.result()  # its own error, if it failed
+
+    def _lighthouse_gone(self, gone: "LighthouseGone") -> None:
+        """No quorum can form: this step is not committed (its collectives are skipped), and the group
+        stops at its end with a snapshot, through the stop signal's own path, as every other group does."""
+        self._abandoned = True
+        self.manager.report_error(gone)
+        number = handled_stop_signal()
+        where = f"step {self._next_step()}"
+        if number is None:  # no stop signal to take (trainer_config.stop_signals=[]): the last snapshot stays
+            raise MinGPTError(lighthouse_lost(self.lighthouse, gone, where))
+        self._say(f"The lighthouse at {self.lighthouse} is gone ({gone.how}, {where}): no quorum forms without it, "
+                  f"so every replica group stops with a snapshot (as on {signal.Signals(number).name}); start it "
+                  "again (torchft_lighthouse --bind ... --min_replicas N, as launch.py printed it), then the "
+                  "replica groups: they resume from the snapshot", always=True)  # each group's own stop
+        os.kill(os.getpid(), number)
+
+    @property
+    def speaks_at_start(self) -> bool:
+        """The run's voice until the first quorum says which group it is: group 0 on a fresh start. A
+        group that comes back after a failure is quiet until then: it heals from a live group (and says
+        so), or says how it goes on."""
+        return self.settings.group == 0 and not restarted()
+
+    @property
+    def speaks(self) -> bool:
+        """Whether this group is the run's voice: the lowest-numbered of the latest quorum, the one that
+        writes the snapshots (before any quorum, see open)."""
+        return self.snapshot_writer() == self.settings.group
+
+    def _speak(self, voice: bool) -> None:
+        """This group's rank 0 says the run's lines (the logger's INFO) only while the group is its voice;
+        the other ranks never do, and every rank says its warnings and errors."""
+        if self.env.rank == 0:
+            log.setLevel(logging.INFO if voice else logging.WARNING)
+
+    def _say(self, line: str, always: bool = False) -> None:
+        """A line of the run (its voice says it), or `always`: one about this group alone."""
+        if always and self.env.rank == 0 and not log.isEnabledFor(logging.INFO):
+            log.setLevel(logging.INFO)
+            try:
+                log.info(line)
+            finally:
+                log.setLevel(logging.WARNING)
+        else:
+            log.info(line)
 
     def _no_quorum(self, error: Exception) -> str:
         address = self.settings.lighthouse_address()
@@ -290,26 +395,32 @@ class Replicas:
                 f"or raise the timeout if a step boundary (an evaluation, a snapshot) takes longer ({error})")
 
     def _say_membership(self, before: tuple[int, ...]) -> None:
-        """A line when groups leave or join (the first quorum: which groups train)."""
+        """A line when groups leave or join (the first quorum: which groups train), said by the voice of
+        the run before the change and by the one after it (a voice lost, or one handing over)."""
         step, groups, now = self._next_step(), self.settings.groups, self.members
         training = f"{names(now)} ({len(now)} of {groups})"
         if self._first_quorum:
             self._first_quorum = False
-            log.info(f"Replica groups {training} train from step {step}")
+            if not self._healed and not self._abandoned:  # a healed group said so; the others that it joined
+                self._say(f"Replica groups {training} train from step {step}")
             return
+        was_voice = bool(before) and min(before) == self.settings.group
         left, joined = sorted(set(before) - set(now)), sorted(set(now) - set(before))
         if left:
             stall = time.monotonic() - self._quorum_done_at
-            log.info(f"Replica group(s) {names(left)} left at step {step}: going on with {training} after a stall "
-                     f"of {stall:.1f} s (the lost step and the wait for a quorum without them); their share of "
-                     "each step is skipped until they are back, and counted (metrics: missed)")
+            self._say(f"Replica group(s) {names(left)} left at step {step}: going on with {training} after a stall "
+                      f"of {stall:.1f} s (the lost step and the wait for a quorum without them); their share of "
+                      "each step is skipped until they are back, and counted (metrics: missed)", always=was_voice)
         if joined:
-            log.info(f"Replica group(s) {names(joined)} joined at step {step}, healed from a live group: "
-                     f"training with {training}")
+            self._say(f"Replica group(s) {names(joined)} joined at step {step}, healed from a live group: "
+                      f"training with {training}", always=was_voice)
 
     def commit(self) -> bool:
         """Whether this step's update is applied: every rank of the group agrees the step was sound
         (no collective failed), with enough groups (Manager.should_commit)."""
+        if self._abandoned:  # no quorum, nothing to agree on: the lighthouse's loss is said already
+            self.committed = False
+            return False
         self.committed = self.manager.should_commit()
         if not self.committed:
             log.info(f"Step {self._next_step()} not committed: a replica group was lost during it (or too "
@@ -336,6 +447,51 @@ class Replicas:
 
     def _next_step(self) -> int:
         return (self._progress.step if self._progress is not None else 0) + 1
+
+
+class LighthouseGone(Exception):
+    """The lighthouse went away while this group waited for a quorum."""
+
+    def __init__(self, answer: str = "refused"):
+        super().__init__(answer)
+        self.how = "its port refuses connections" if answer == "refused" else "it does not answer"
+
+
+def watched_manager(replicas: Replicas) -> type:
+    """torchft's Manager, its wait for a quorum replicas' own (Replicas.wait_for_quorum): a subclass made
+    once torchft is imported, which the mode alone does."""
+    from torchft import Manager
+
+    class WatchedManager(Manager):
+        def wait_quorum(self) -> None:
+            replicas.wait_for_quorum(self._quorum_future)
+
+    return WatchedManager
+
+
+def end_quorum_request(manager) -> None:
+    """End the quorum request that torchft's thread still waits on after the lighthouse went away: its
+    group's manager server never answers a request whose lighthouse call failed (it waits out
+    ft_quorum_timeout_s), and Python's exit would wait for that thread. Shut down, this process's
+    connections to the manager server fail the request at once."""
+    import psutil
+    from torchft.manager import MANAGER_ADDR_KEY
+
+    port = urllib.parse.urlparse(manager._store.get(MANAGER_ADDR_KEY).decode()).port
+    for connection in psutil.Process().net_connections(kind="tcp"):
+        if connection.raddr and connection.raddr.port == port and connection.fd >= 0:
+            with contextlib.suppress(OSError), socket.fromfd(connection.fd, connection.family, socket.SOCK_STREAM) as end:
+                end.shutdown(socket.SHUT_RDWR)  # on a copy of the descriptor: the socket is torchft's
+
+
+def handled_stop_signal() -> Optional[int]:
+    """A stop signal this process handles (the training's own handler: a snapshot, then a clean stop),
+    SIGTERM first; None when none is (trainer_config.stop_signals=[]). Ctrl-C's is left out: a second
+    one quits without a snapshot."""
+    for number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
+        if callable(signal.getsignal(number)):
+            return int(number)
+    return None
 
 
 class CommittingOptimizer(torch.optim.Optimizer):
@@ -466,11 +622,21 @@ def group_store(env: DistEnv) -> tuple[str, int, Optional[dist.TCPStore]]:
     return where[0], int(where[1]), store
 
 
-def reachable(address: str) -> bool:
+def lighthouse_answer(address: str, timeout_s: float = 2.0) -> str:
+    """"up" when something listens at the lighthouse's port, "refused" when nothing does (the process is
+    gone, its machine is not), "silent" when the connection does not come (a machine or network gone)."""
     parsed = urllib.parse.urlparse(address)
-    with contextlib.suppress(OSError), socket.create_connection((parsed.hostname, parsed.port), timeout=2):
-        return True
-    return False
+    try:
+        socket.create_connection((parsed.hostname, parsed.port), timeout=timeout_s).close()
+        return "up"
+    except ConnectionRefusedError:
+        return "refused"
+    except OSError:
+        return "silent"
+
+
+def reachable(address: str) -> bool:
+    return lighthouse_answer(address) == "up"
 
 
 def lighthouse_lost(address: str, error: Exception, when: str) -> str:

@@ -1,7 +1,10 @@
 """The fault-tolerant mode's parts in-process (distributed/fault_tolerance.py): its settings and
 refusals, the data slots, the missed samples, the optimizer that commits, the gradient average across
-replica groups. Real replica groups on loopback: tests/end_to_end/test_fault_tolerance_ft.py."""
+replica groups, the run's one voice, a lighthouse that goes away. Real replica groups on loopback:
+tests/end_to_end/test_fault_tolerant_runs.py."""
 import dataclasses
+import os
+import signal
 from types import SimpleNamespace
 
 import pytest
@@ -9,7 +12,7 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from mingpt.common.errors import ConfigError
+from mingpt.common.errors import ConfigError, MinGPTError
 from mingpt.distributed import fault_tolerance
 from mingpt.distributed.fault_tolerance import (
     CommittingOptimizer,
@@ -284,3 +287,173 @@ def test_under_hsdp_a_joining_group_heals_its_shards_and_optimizer_state(world_o
             assert torch.equal(fresh_optimizer.state[mine][key].to_local(), live_optimizer.state[theirs][key].to_local())
     fresh(x, x)[1].backward()
     fresh_optimizer.step()  # the healed state is usable as it is
+
+
+# -- one voice, and a lighthouse that goes away -------------------------------------------------------
+
+@pytest.fixture
+def voice(monkeypatch):
+    """The project's logger as a rank 0's (INFO), given back as it was."""
+    from mingpt.common.logger import configure_logging, log
+
+    monkeypatch.delenv(fault_tolerance.RESTART_ENV, raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    configure_logging(rank=0)
+    yield log
+    configure_logging(rank=0)
+
+
+def test_one_group_speaks_for_the_run_the_lowest_of_the_quorum(voice, capsys):
+    """Group 0 speaks from the start; group 1 says only what concerns it alone, until it is the lowest
+    group of the quorum (group 0 lost) and until group 0 is back. A membership change is said by the
+    voice before it and the one after it."""
+    first, second = replicas_of(0, 2), replicas_of(1, 2)
+    assert first.speaks_at_start and not second.speaks_at_start
+    second._speak(second.speaks_at_start)
+    voice.info("the run's line")
+    second._say("Healed from replica group 0 at step 7", always=True)
+    assert capsys.readouterr().out == "Healed from replica group 0 at step 7\n"
+    second._first_quorum = False
+    second.members = (1,)  # group 0 lost: group 1 is the voice
+    second._speak(second.speaks)
+    second._say_membership(before=(0, 1))
+    voice.info("[RANK0] Epoch 1 | Iter 40 | Train Loss 3.1")
+    said = capsys.readouterr().out
+    assert said.startswith("Replica group(s) 0 left at step 1: going on with 1 (1 of 2)") and "Iter 40" in said
+    second.members = (0, 1)  # group 0 back: it speaks again, group 1 says it joined, then is quiet
+    second._speak(second.speaks)
+    second._say_membership(before=(1,))
+    voice.info("the run's line")
+    assert capsys.readouterr().out.startswith("Replica group(s) 0 joined at step 1, healed from a live group")
+
+
+def test_a_group_started_again_is_quiet_until_its_first_quorum(voice, monkeypatch):
+    """Its start-up (the snapshot it found, or "Training model from scratch") is not said before it heals."""
+    monkeypatch.setenv(fault_tolerance.RESTART_ENV, "1")
+    assert not replicas_of(0, 2).speaks_at_start
+    monkeypatch.delenv(fault_tolerance.RESTART_ENV)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")  # torchrun's restart (sbatch_run.sh's groups)
+    assert not replicas_of(0, 2).speaks_at_start
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert replicas_of(0, 2).speaks_at_start
+
+
+def closed_port() -> str:
+    """A loopback address where nothing listens: connections are refused, as at a lighthouse that died."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+def test_a_quorum_wait_ends_within_a_second_when_the_lighthouse_is_gone_not_after_the_quorum_timeout():
+    """torchft's wait for a quorum whose lighthouse died lasts ft_quorum_timeout_s (a request in flight
+    is never answered); the watched wait gives the lighthouse up once its port refuses twice."""
+    import concurrent.futures
+    import socket
+    import threading
+    import time
+
+    replicas = replicas_of(0, 2)
+    replicas.lighthouse = closed_port()
+    ended = []
+
+    def wait() -> None:
+        try:
+            replicas.wait_for_quorum(concurrent.futures.Future())  # a request never answered
+        except fault_tolerance.LighthouseGone as gone:
+            ended.append(gone.how)
+
+    waiting = threading.Thread(target=wait, daemon=True)
+    waiting.start()
+    waiting.join(timeout=3 * replicas.WATCH_S * replicas.REFUSALS)
+    assert ended == ["its port refuses connections"]
+    # A lighthouse that answers: the wait lasts as long as the quorum does, and gives its result.
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        replicas.lighthouse = f"http://127.0.0.1:{listening.getsockname()[1]}"
+        quorum = concurrent.futures.Future()
+        threading.Timer(3 * replicas.WATCH_S, quorum.set_result, args=(None,)).start()
+        replicas.wait_for_quorum(quorum)
+        assert quorum.done()
+    failed = concurrent.futures.Future()
+    failed.set_exception(TimeoutError("no quorum"))
+    with pytest.raises(TimeoutError, match="no quorum"):
+        replicas.wait_for_quorum(failed)  # torchft's own error, said by _no_quorum
+
+
+class LostManager:
+    """A Manager whose quorum finds the lighthouse gone."""
+
+    def __init__(self):
+        self.errors, self.commits_asked = [], 0
+
+    def start_quorum(self):
+        raise fault_tolerance.LighthouseGone("refused")
+
+    def report_error(self, error):
+        self.errors.append(error)
+
+    def should_commit(self):
+        self.commits_asked += 1
+        return True
+
+
+def test_a_group_whose_lighthouse_is_gone_stops_with_a_snapshot_as_on_a_stop_signal(voice, capsys, monkeypatch):
+    """The step under way is not committed (no quorum to agree with, its collectives skipped) and the
+    process asks itself to stop through its stop signal's own handler, which takes a snapshot: a
+    lighthouse's loss costs no training. No further quorum is asked for (torchft would wait on the one in
+    flight): a run that did not stop ends in one line."""
+    signalled = []
+    monkeypatch.setattr(fault_tolerance, "handled_stop_signal", lambda: signal.SIGTERM)
+    monkeypatch.setattr(fault_tolerance.os, "kill", lambda pid, number: signalled.append((pid, number)))
+    replicas = replicas_of(0, 2)
+    replicas.lighthouse = "http://127.0.0.1:29510"
+    replicas.manager = LostManager()
+    replicas._first_quorum = False
+    replicas._quorum()
+    assert signalled == [(os.getpid(), signal.SIGTERM)]
+    assert len(replicas.manager.errors) == 1  # torchft's all-reduce skips an errored step
+    assert not replicas.commit() and replicas.manager.commits_asked == 0
+    assert replicas.step_taken(samples_per_slot=4) == 2 * 4  # the whole step missed
+    said = capsys.readouterr().out
+    assert said.startswith("The lighthouse at http://127.0.0.1:29510 is gone (its port refuses connections, step 1): "
+                           "no quorum forms without it, so every replica group stops with a snapshot (as on SIGTERM)")
+    with pytest.raises(MinGPTError, match=r"^cannot reach the lighthouse at http://127.0.0.1:29510 \(step 1\)"):
+        replicas._quorum()
+
+
+def test_without_a_stop_signal_to_take_a_gone_lighthouse_ends_the_group_in_one_line(monkeypatch):
+    monkeypatch.setattr(fault_tolerance, "handled_stop_signal", lambda: None)  # trainer_config.stop_signals=[]
+    replicas = replicas_of(1, 2)
+    replicas.lighthouse = "http://node1:29510"
+    replicas.manager = LostManager()
+    with pytest.raises(MinGPTError, match=r"^cannot reach the lighthouse at http://node1:29510 \(step 1\); start it "
+                                          r"again .* they resume from the newest snapshot \(LighthouseGone\)$"):
+        replicas._quorum()
+
+
+def test_a_stop_signal_is_one_the_training_handles(monkeypatch):
+    handlers = {signal.SIGTERM: signal.SIG_DFL, signal.SIGUSR1: lambda *args: None, signal.SIGHUP: signal.SIG_IGN}
+    monkeypatch.setattr(fault_tolerance.signal, "getsignal", lambda number: handlers[number])
+    assert fault_tolerance.handled_stop_signal() == signal.SIGUSR1
+    handlers[signal.SIGUSR1] = signal.SIG_DFL
+    assert fault_tolerance.handled_stop_signal() is None
+
+
+def test_the_lighthouse_answers_refuses_or_is_silent(monkeypatch):
+    import socket
+
+    assert fault_tolerance.lighthouse_answer(closed_port()) == "refused"
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        assert fault_tolerance.lighthouse_answer(f"http://127.0.0.1:{listening.getsockname()[1]}") == "up"
+
+    def no_answer(address, timeout):
+        raise TimeoutError("timed out")  # a machine gone: the connection never comes
+
+    monkeypatch.setattr(fault_tolerance.socket, "create_connection", no_answer)
+    assert fault_tolerance.lighthouse_answer("http://node1:29510") == "silent"

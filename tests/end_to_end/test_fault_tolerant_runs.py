@@ -2,11 +2,13 @@
 one CPU rank each (two under hsdp) on loopback, meeting at a lighthouse this test starts. A group
 SIGKILLed mid-run:
 the survivor goes on (never back to a snapshot, at most one step dropped, a stall within its bound),
-the group restarted heals from it (and, killed again while healing, heals the next time), both end
-with the same weights, and the samples nobody trained are in the survivor's metrics. A lost
-lighthouse ends each group in one line that says what to do. launch.py --replica-groups starts it
-all, torchrun's restart of a killed worker heals it, and a stop signal to it stops every group with a
-snapshot (exit 75)."""
+the group restarted heals from it (and, killed again while healing, heals the next time) without a
+word of its start-up, both end with the same weights, and the samples nobody trained are in the
+survivor's metrics. A lighthouse killed stops each group within seconds with a snapshot, in one line
+that says what to do; one that is not there is said within ft_timeout_s. launch.py --replica-groups
+starts it all with one voice, a killed worker's group started again heals, a stop signal to it stops
+every group with a snapshot (exit 75), a lighthouse that dies stops every group with its snapshot
+within seconds, and a user's error is said once and not retried."""
 import json
 import os
 import re
@@ -144,7 +146,12 @@ def test_a_group_killed_mid_run_and_again_while_healing_costs_the_survivor_at_mo
     # The restarted group healed from the survivor, at the step the survivor says it joined.
     healed = int(rejoined.wait_for(r"Healed from replica group 0 at step (\d+)").group(1))
     joined = [int(step) for step in re.findall(r"Replica group\(s\) 1 joined at step (\d+)", output)]
-    assert healed + 1 in joined and "Resuming training from snapshot" in rejoined.output
+    assert healed + 1 in joined
+    # Item 3 of issue 55: a group that heals says nothing of its start-up (a snapshot found, or "Training
+    # model from scratch", the summary) before it heals: group 0 speaks for the run.
+    assert rejoined.output.count("Healed from") == 1
+    for start_up in ("Snapshot not found", "from scratch", "Resuming", "Model:", "World:", "Replica groups"):
+        assert start_up not in rejoined.output, rejoined.output
     # The samples nobody trained: the missing group's share of each step it was away, and whole
     # steps that were not committed.
     per_slot = samples_per_slot(metrics(tmp_path / "snap.metrics.jsonl", "train"))
@@ -209,38 +216,74 @@ def samples_per_slot(train_lines: list[dict], block_size: int = 16, slots: int =
     return {line["step"]: (tokens[i + 1] - tokens[i]) // (block_size * slots) for i, line in enumerate(train_lines)}
 
 
-def test_a_lost_lighthouse_ends_each_group_in_one_line_that_says_what_to_do(text_file, tmp_path, lighthouse):
-    overrides = [*overrides_for(text_file, tmp_path, lighthouse.address, steps=2000),
-                 "trainer_config.ft_quorum_timeout_s=10"]
+def test_a_lighthouse_killed_stops_each_group_within_seconds_with_a_snapshot(text_file, tmp_path, lighthouse):
+    """Issue 55, item 1: a quorum request in flight when the lighthouse dies is never answered, and each
+    group waited the whole ft_quorum_timeout_s (120 s here) before it said so, its work since the last
+    snapshot lost. Now each group gives the lighthouse up at its next quorum (its port refuses), does not
+    commit the step under way and stops with a snapshot of it, in one line that says what to do."""
+    overrides = [*overrides_for(text_file, tmp_path, lighthouse.address, steps=5000),
+                 "trainer_config.ft_quorum_timeout_s=120", "trainer_config.save_every_steps=0"]
     groups = [Group(number, tmp_path / f"group{number}.log", overrides, SLOW) for number in (0, 1)]
-    for group in groups:
-        group.wait_for(r"\| Iter 20 \|")
+    groups[0].wait_for(r"0, 1 \(2 of 2\)")  # group 0, the run's voice, trains with group 1 (from the start)
+    groups[0].wait_for(r"\| Iter 40 \|")
     kill_tree(lighthouse)
     lost_at = time.monotonic()
     for group in groups:
-        assert group.finish(timeout=120) == 1, group.output
-        ended_after = time.monotonic() - lost_at
-        errors = [line for line in group.output.splitlines() if line.startswith("error:")]
-        assert len(errors) == 1, group.output
-        assert re.fullmatch(rf"error: cannot reach the lighthouse at {lighthouse.address} \(step \d+\); start it "
-                            r"again \(torchft_lighthouse --bind \.\.\. --min_replicas N, as launch.py printed it\) "
-                            r"and restart the replica groups: they resume from the newest snapshot \(\w+\)",
-                            errors[0]), errors[0]
-        assert "Traceback" not in group.output
-    assert ended_after < 10 + 30  # the quorum timeout, and the processes' ends
+        assert group.finish(timeout=120) == STOP_EXIT_STATUS, group.output
+        assert time.monotonic() - lost_at < 30, group.output  # the quorum's 120 s not waited out
+        gone = re.findall(rf"^The lighthouse at {lighthouse.address} is gone \(its port refuses connections, step "
+                          r"(\d+)\): no quorum forms without it, so every replica group stops with a snapshot \(as "
+                          r"on SIGTERM\); start it again .*, then the replica groups: they resume from the snapshot$",
+                          group.output, re.MULTILINE)
+        assert len(gone) == 1, group.output
+        assert "Traceback" not in group.output and "error:" not in group.output, group.output
+    saved = int(re.search(r"Stopping on SIGTERM: snapshot saved at step (\d+)", groups[0].output).group(1))
+    assert torch.load(tmp_path / "snap.pt", weights_only=True)["step"] == saved > 40  # nothing lost
 
 
-def test_launch_starts_the_lighthouse_and_the_groups_heals_a_killed_worker_and_stops_on_a_signal(text_file, tmp_path):
-    snapshot = tmp_path / "snap.pt"
-    overrides = tiny_overrides(text_file, snapshot, trainer_config__max_steps=2000,
+def test_a_group_that_cannot_reach_the_lighthouse_says_so_within_its_connect_timeout(text_file, tmp_path):
+    """Not within the quorum's (120 s here): a group started again against a lighthouse that is gone
+    waited the whole of it with nothing listening."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    overrides = [*overrides_for(text_file, tmp_path, nowhere, steps=100), "trainer_config.ft_quorum_timeout_s=120"]
+    group = Group(0, tmp_path / "group0.log", overrides, {})
+    group.wait_for("Data has")  # the Trainer is built next, and its Manager connects to the lighthouse first
+    started = time.monotonic()
+    assert group.finish(timeout=180) == 1, group.output
+    assert time.monotonic() - started < FT_TIMEOUT_S + 25, group.output  # a loaded machine's start-up too
+    errors = [line for line in group.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, group.output
+    assert re.fullmatch(rf"error: cannot reach the lighthouse at {nowhere} \(start\); start it again "
+                        r"\(torchft_lighthouse --bind \.\.\. --min_replicas N, as launch.py printed it\) and restart "
+                        r"the replica groups: they resume from the newest snapshot \(\w+\)", errors[0]), errors[0]
+    assert "Traceback" not in group.output
+
+
+TORCH_LOG_LINE = re.compile(r"^\[replica \d+\] [EWI]\d{4} ", re.MULTILINE)
+"""torch's own log lines (E1204 23:05:08.012000 12091 torch/distributed/elastic/...]), which the launcher quiets."""
+
+
+def start_launch(text_file: Path, tmp_path: Path, *extra: str, steps: int = 2000) -> tuple[subprocess.Popen, Path]:
+    overrides = tiny_overrides(text_file, tmp_path / "snap.pt", trainer_config__max_steps=steps,
                                trainer_config__eval_batches=2, trainer_config__ft_timeout_s=FT_TIMEOUT_S)
     log = tmp_path / "launch.log"
     launcher = subprocess.Popen([sys.executable, MINGPT / "launch.py", "--replica-groups", "2",
-                                 "--config-name", "gpt2_train_cfg", *overrides],  # Hydra's options pass too
+                                 "--config-name", "gpt2_train_cfg", *overrides, *extra],  # Hydra's options pass too
                                 stdout=log.open("w"), stderr=subprocess.STDOUT,
                                 env={**os.environ, "OMP_NUM_THREADS": "1", **SLOW})
+    return launcher, log
+
+
+def test_launch_starts_the_lighthouse_and_the_groups_heals_a_killed_worker_and_stops_on_a_signal(text_file, tmp_path):
+    """With one voice (issue 55, item 3): group 0 says the run's lines once; group 1, killed and started
+    again, says only that, and that it healed (not its start-up, not "Training model from scratch");
+    torch's own log lines are quieted; the stop is said once for the run. (A budget the stop cuts short:
+    group 1's restart may take a minute on a loaded machine.)"""
+    launcher, log = start_launch(text_file, tmp_path, steps=50000)
     try:
-        wait_for_line(launcher, log, "[replica 1] [RANK0] Epoch 1 | Iter 20 |")
+        wait_for_line(launcher, log, "[replica 0] [RANK0] Epoch 1 | Iter 20 |")
         replica_worker(launcher, group=1).kill()
         wait_for_line(launcher, log, "[replica 1] Healed from replica group 0 at step")
         launcher.send_signal(signal.SIGTERM)
@@ -251,19 +294,72 @@ def test_launch_starts_the_lighthouse_and_the_groups_heals_a_killed_worker_and_s
     assert re.match(r"Lighthouse: http://127\.0\.0\.1:\d+ \(pid \d+\); if it dies, start it again with: \S*"
                     r"torchft_lighthouse --bind 127\.0\.0\.1:\d+ --min_replicas 1, then restart the replica groups",
                     output), output
+    # One voice: group 1 said only what happened to it alone; every line of the run once.
+    group_1 = [line for line in output.splitlines() if line.startswith("[replica 1] ")]
+    assert len(group_1) == 2, output
+    assert re.fullmatch(r"\[replica 1\] lost rank 0 \(killed by SIGKILL\): starting the group again \(1 of 3\); "
+                        r"it heals from a live replica group", group_1[0]), group_1
+    assert group_1[1].startswith("[replica 1] Healed from replica group 0 at step"), group_1
+    said = [line.split("] ", 1)[1] for line in output.splitlines() if line.startswith("[replica ")]
+    assert len(said) == len(set(said)), output
+    assert output.count("Data has ") == output.count("Training model from scratch") == 1, output
+    assert not TORCH_LOG_LINE.search(output), output
     # What the survivor says of the kill depends on timing: the group leaving, a step not committed, or
-    # nothing at all when torchrun's restart came back within the lighthouse's heartbeat timeout (5 s)
-    # between two steps. Those lines are asserted under controlled timing in the first test of this file.
-    # The stop: each group stopped and said so once, and its launcher too; the snapshot is of the last
-    # step any group trained (the writer's, or a group's left alone after the writer stopped).
+    # nothing at all when the restart came back within the lighthouse's heartbeat timeout (5 s) between
+    # two steps. Those lines are asserted under controlled timing in the first test of this file.
+    # The stop: said by the run's voice (and by group 1 too if it trained a step alone after group 0
+    # stopped, then the voice); the snapshot is of the last step any group trained.
     stopped = [int(step) for step in re.findall(r"Stopping on SIGTERM(?:: snapshot saved)? at step (\d+)", output)]
-    assert len(stopped) == 2, output
-    for group in (0, 1):
-        assert f"[replica {group}] launch.py: stopped on SIGTERM; every worker saved its snapshot first" in output
-    assert "Traceback" not in output and "failed after" not in output and "error:" not in output, output
-    assert torch.load(snapshot, weights_only=True)["step"] == max(stopped)
+    assert 1 <= len(stopped) <= 2, output
+    assert output.count("launch.py: stopped on SIGTERM; every replica group stopped with the snapshot written") == 1
+    assert "Traceback" not in output and "failed" not in output and "error:" not in output, output
+    assert torch.load(tmp_path / "snap.pt", weights_only=True)["step"] == max(stopped)
     lighthouse_pid = int(re.match(r"Lighthouse: \S+ \(pid (\d+)\)", output).group(1))
     assert not psutil.pid_exists(lighthouse_pid) or psutil.Process(lighthouse_pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_launch_stops_every_group_with_its_snapshot_within_seconds_when_the_lighthouse_dies(text_file, tmp_path):
+    """Issue 55, item 1: a dead lighthouse cost 20 minutes (the quorum's 300 s of silence, a line per
+    group, then each group started again three times against nothing). launch.py notices it die and says
+    so in one line; every group stops with its snapshot; none is started again."""
+    launcher, log = start_launch(text_file, tmp_path, steps=20000)
+    try:
+        wait_for_line(launcher, log, "[replica 0] [RANK0] Epoch 1 | Iter 40 |")
+        lighthouse_pid = int(re.match(r"Lighthouse: \S+ \(pid (\d+)\)", log.read_text()).group(1))
+        os.kill(lighthouse_pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        assert launcher.wait(timeout=300) == 1, log.read_text()
+        ended_after = time.monotonic() - killed_at
+    finally:
+        kill_tree(launcher)
+    output = log.read_text()
+    assert ended_after < 30, output  # measured: 4.8 s on a loaded 2-core machine
+    said = [line for line in output.splitlines() if "lighthouse (pid" in line]
+    assert said == [f"error: the lighthouse (pid {lighthouse_pid}) ended (killed by SIGKILL); no quorum forms "
+                    "without it, so every replica group stops now with a snapshot; start the run again (the same "
+                    "command) to resume from it"], output
+    assert [line for line in output.splitlines() if line.startswith("error:")] == said, output
+    saved = int(re.search(r"\[replica 0\] Stopping on SIGTERM: snapshot saved at step (\d+)", output).group(1))
+    assert torch.load(tmp_path / "snap.pt", weights_only=True)["step"] == saved
+    assert "starting the group again" not in output and "Traceback" not in output, output
+    assert not TORCH_LOG_LINE.search(output), output
+
+
+def test_launch_says_a_user_error_once_and_starts_no_group_again(text_file, tmp_path):
+    """Issue 54: a mistake was retried three times per group (20 lines, the error eight times). One the
+    config check cannot see (the data's path is only read by the groups) is said once, by the group that
+    said it first, and no group is started again: an error said in one line is no crash."""
+    missing = tmp_path / "no-such-text.txt"
+    launcher, log = start_launch(text_file, tmp_path, f"data_config.path={missing}")
+    try:
+        assert launcher.wait(timeout=300) == 1, log.read_text()
+    finally:
+        kill_tree(launcher)
+    output = log.read_text()
+    errors = [line for line in output.splitlines() if "error:" in line]
+    assert len(errors) == 1 and re.fullmatch(rf"\[replica \d\] error: data_config.path: no such file {missing}; .*",
+                                             errors[0]), output
+    assert "starting the group again" not in output and not TORCH_LOG_LINE.search(output), output
 
 
 def wait_for_line(launcher: subprocess.Popen, log: Path, line: str, timeout: float = 180) -> None:
