@@ -37,7 +37,7 @@ from mingpt.distributed.process_group import (
     record_nccl_collectives,
     said_elsewhere,
 )
-from mingpt.run_config import TrainConfig, load_config, run_command_line
+from mingpt.run_config import HydraSpeech, TrainConfig, load_config, run_command_line
 from mingpt.start_up import TrainObjects, start_trainer, train_objects
 from mingpt.storage.snapshot import snapshot_folder
 
@@ -71,7 +71,7 @@ def train(config: TrainConfig, env: DistEnv) -> None:
 
 @hydra.main(version_base=None, config_path=".", config_name="gpt2_train_cfg")
 def main(cfg: DictConfig) -> None:
-    sys.stderr = sys.__stderr__  # Hydra took the command line: this process speaks again
+    HydraSpeech.speak_again()  # Hydra took the command line: this process speaks again
     status = run(cfg)
     if status:  # returning, not exiting, on success: a sweep (-m) runs its next job in this process
         sys.exit(status)

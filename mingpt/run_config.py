@@ -25,9 +25,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mingpt.char_dataset import REPO_ROOT, DataConfig
-from mingpt.common.errors import MinGPTError, check, command
+from mingpt.common.errors import MinGPTError, check, command, say_line
 from mingpt.common.field_docs import field_docs
-from mingpt.distributed.process_group import launched_by_torchrun, said_by_local_rank_zero
+from mingpt.distributed.process_group import said_by_local_rank_zero
 from mingpt.model import GPTConfig, OptimizerConfig
 from mingpt.reporting.trackers import TrackerConfig
 from mingpt.trainer import TrainerConfig
@@ -195,25 +195,63 @@ HELP_FLAGS = {"--help": False, "-h": False, "--help=md": True}
 """Our help instead of Hydra's generic page (--hydra-help keeps Hydra's): True for markdown."""
 
 
-@contextlib.contextmanager
-def hydra_refusals_said_once() -> Iterator[None]:
-    """Under a launcher every process reads the same command line, and Hydra refuses a mistake in it
-    (a misspelt key, a wrong type) on each of them, before main() runs. Local rank 0 says it; the
-    others hold what they would write until main() starts, and drop it if Hydra stopped them first
-    (having waited for local rank 0 to end: exiting first, they would have the launcher stop it)."""
-    if not launched_by_torchrun() or os.environ.get("LOCAL_RANK", "0") == "0":
-        yield
-        return
-    sys.stderr = io.StringIO()
-    try:
-        yield
-    except SystemExit:
-        if sys.stderr is not sys.__stderr__:
+class HydraSpeech:
+    """What Hydra writes before main() runs, held back: under a launcher every process reads the same
+    command line, and Hydra refuses a mistake in it (a value of the wrong type, a YAML it cannot
+    parse, a --config-name it cannot find) on each of them, in several lines or a whole traceback.
+    When Hydra stops the process, local rank 0 says its refusal in one line (hydra_line) and the
+    others drop it (having waited for local rank 0 to end: exiting first, they would have the launcher
+    stop it); when main() starts (speak_again), whatever Hydra said on the way is written as it was."""
+
+    held: "io.StringIO | None" = None
+
+    @classmethod
+    @contextlib.contextmanager
+    def held_back(cls) -> Iterator[None]:
+        cls.held = sys.stderr = io.StringIO()
+        try:
+            yield
+        except SystemExit as stop:
+            if cls.held is not None:  # main() never ran: Hydra (or the key check) refused the command line
+                said, cls.held = cls.held.getvalue(), None
+                sys.stderr = sys.__stderr__
+                if stop.code and said.strip() and not said_by_local_rank_zero():
+                    say_line(said.rstrip("\n") if said.startswith("error:") else f"error: {hydra_line(said)}")
+            raise
+        finally:
+            cls.held = None
             sys.stderr = sys.__stderr__
-            said_by_local_rank_zero()
-        raise
-    finally:
-        sys.stderr = sys.__stderr__
+
+    @classmethod
+    def speak_again(cls) -> None:
+        """main() runs: the process speaks for itself again (local rank 0 what Hydra said meanwhile)."""
+        said = cls.held.getvalue() if cls.held is not None else ""
+        cls.held, sys.stderr = None, sys.__stderr__
+        if said and os.environ.get("LOCAL_RANK", "0") == "0":
+            sys.stderr.write(said)
+
+
+HYDRA_HINT = "Set the environment variable HYDRA_FULL_ERROR=1"
+
+
+def hydra_line(said: str) -> str:
+    """Hydra's refusal in one line: the message of a traceback's exception (a YAML parser's), or the
+    unindented lines of its first paragraph ("Error merging override ...: Value 'abc' of type 'str'
+    could not be converted to Integer"); a --config-name it cannot find gets the configs there are."""
+    traceback = "Traceback (most recent call last):"
+    if traceback in said:
+        lines = said.rsplit(traceback, 1)[1].splitlines()
+        lines = lines[next(i for i, line in enumerate(lines) if line and not line[0].isspace()):]
+        lines[0] = lines[0].split(": ", 1)[-1]  # the message, not the exception's class
+    else:
+        lines = [line for line in said.strip().split("\n\n")[0].splitlines() if line and not line[0].isspace()]
+    line = ""
+    for part in (part for part in lines if part.strip() and HYDRA_HINT not in part):
+        line += (" " if part[0].isspace() else "; " if line else "") + part.strip()
+    if line.startswith("Cannot find primary config"):
+        configs = ", ".join(sorted(path.stem for path in CONFIG_DIR.glob("*.yaml")))
+        line += f" (the configs beside main.py: {configs})"
+    return line
 
 
 def run_command_line(main: Callable[[], None]) -> None:
@@ -223,7 +261,7 @@ def run_command_line(main: Callable[[], None]) -> None:
     if asked:
         command(lambda: print(config_reference(markdown=asked[0])))()  # `| head` ends it quietly
         return
-    with hydra_refusals_said_once():
+    with HydraSpeech.held_back():
         refuse_misspelt_keys()
         main()
 

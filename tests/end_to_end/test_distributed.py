@@ -92,7 +92,10 @@ def test_an_error_every_rank_meets_during_the_run_is_said_once(text_file, tmp_pa
     # Refused before Hydra would (run_config.check_overrides): it was said by every rank.
     ("trainer_config.batch_sz=1", "error: trainer_config.batch_sz: is not a key of TrainerConfig (did you mean "
                                   "trainer_config.batch_size?)"),
-], ids=["out-of-range", "misspelt"])
+    # Hydra's own refusal, before main() runs: its lines held back, said in one line by local rank 0.
+    ("trainer_config.batch_size=abc", "error: Error merging override trainer_config.batch_size=abc; Value 'abc' "
+                                      "of type 'str' could not be converted to Integer"),
+], ids=["out-of-range", "misspelt", "hydra-wrong-type"])
 def test_a_config_error_is_said_by_local_rank_zero_even_when_it_is_the_slowest(text_file, tmp_path, override,
                                                                              said):
     """Every rank meets a bad key before any process group exists; local rank 0 says it. Rank 1 gets
