@@ -83,11 +83,11 @@ class Divergence:
     """The step the divergence began: the first value not finite, the spike's first step, or the step
     the rise began."""
     loss: float
-    """not finite: the last finite loss (nan: none); spike: its peak; rise: the recent mean."""
+    """not finite: the last finite loss (nan: none); spike: its peak; rise: the loss's trend."""
     loss_step: int = 0
     """not finite: the step of the last finite loss (0: none)."""
     reference: float = math.nan
-    """spike: the recent mean before it; rise: the run's best recent mean."""
+    """spike: the recent mean before it; rise: the run's best trend."""
     reference_step: int = 0
     """rise: the step of the run's best."""
     norm: float = math.nan
@@ -105,13 +105,14 @@ class Divergence:
         if self.kind == "spike":
             rose = f"rose from step {self.since}, then " if self.spike_start else ""
             return (f"the loss {rose}spiked from step {self.spike_start or self.since} (to {self.loss:.4g}, "
-                    f"{self.loss / self.reference:.1f}x its recent mean {self.reference:.4f}) and did not settle "
-                    f"in {self.steps} steps (its gradient norm {self.norm:.3g}, {self.norm / self.norm_reference:.1f}x "
-                    f"its mean {self.norm_reference:.3g} before the spike; {lr})")
+                    f"{self.loss / self.reference:.1f}x its recent mean {self.reference:.4f}) and did not "
+                    f"settle in {self.steps} steps (its gradient norm {self.norm:.3g}, "
+                    f"{self.norm / self.norm_reference:.1f}x its mean {self.norm_reference:.3g} before the "
+                    f"spike; {lr})")
         if self.kind == "rise":
-            return (f"the loss rose from step {self.since} (its recent mean {self.loss:.4f}, "
-                    f"{self.loss / self.reference:.1f}x the run's best {self.reference:.4f} at step "
-                    f"{self.reference_step}; {lr})")
+            return (f"the loss rose from step {self.since} (its {RISE_HISTORY_STEPS}-step average "
+                    f"{self.loss:.4f}, {self.loss / self.reference:.1f}x the run's best {self.reference:.4f} "
+                    f"at step {self.reference_step}; {lr})")
         last = (f"last finite loss {self.loss:.4f} at step {self.loss_step}" if self.loss_step
                 else "no finite loss before it")
         return f"the loss is not finite from step {self.since} ({lr}; {last})"
@@ -175,8 +176,8 @@ class DivergenceWatch:
         # What the judged steps have shown.
         self._health = Health(as_of=0, last_unhealthy=0)
         self._divergence: Optional[Divergence] = None
-        self._loss, self._norm, self._trend = _RecentMean(), _RecentMean(), _RecentMean(RISE_HISTORY_STEPS)
-        self._best, self._best_step, self._rising_since = math.inf, 0, 0
+        self._start_means()
+        self._best_step = 0
         self._spike: Optional[_Spike] = None
         self._non_finite, self._non_finite_since = 0, 0
         self._last_finite, self._last_finite_step = math.nan, 0
@@ -208,6 +209,12 @@ class DivergenceWatch:
     def health(self) -> Health:
         return self._health
 
+    def _start_means(self) -> None:
+        """The recent means (loss, gradient norm), the loss's trend and the run's best, from nothing:
+        at the start, and from new data (a spike that settled)."""
+        self._loss, self._norm, self._trend = _RecentMean(), _RecentMean(), _RecentMean(RISE_HISTORY_STEPS)
+        self._best, self._rising_since = math.inf, 0
+
     def _judge(self, step: int, loss: float, norm: float) -> None:
         healthy = self._finite(step, loss, norm) and (not self.spike.ratio or self._usual(step, loss, norm))
         self._health = Health(as_of=step, last_unhealthy=self._health.last_unhealthy if healthy else step)
@@ -230,15 +237,15 @@ class DivergenceWatch:
         """Whether a step with finite values is healthy: neither in a spike nor in a rise."""
         ratio, spike = self.spike.ratio, self._spike
         if spike is None and self._loss.count and loss > ratio * self._loss.value:
-            spike = self._spike = _Spike(step, self._loss.value, self._norm.value, loss, norm, self._rising_since)
+            spike = _Spike(step, self._loss.value, self._norm.value, loss, norm, self._rising_since)
+            self._spike = spike
         if spike is not None:
             spike.peak, spike.norm = max(spike.peak, loss), norm
             if loss <= ratio * spike.mean:  # a lone spike: the run is back to its usual loss
                 self._spike = None
             elif not spike.rising_since and norm <= ratio * spike.norm_mean and loss < spike.peak:
-                self._spike = None  # new data, being learned: the means start again from it
-                self._loss, self._norm, self._trend = _RecentMean(), _RecentMean(), _RecentMean(RISE_HISTORY_STEPS)
-                self._best, self._rising_since = math.inf, 0
+                self._spike = None  # new data, being learned (a norm that is not finite is not back)
+                self._start_means()
             else:
                 if step - spike.start + 1 >= self.spike.steps:  # a rise's spike: diverged with the rise
                     self._diverged(Divergence("spike", spike.rising_since or spike.start, spike.peak,

@@ -107,7 +107,7 @@ def test_a_slow_rise_is_divergence_from_where_it_began_and_its_steps_are_not_hea
     assert 3.0 * (1 + RISE_ONSET) < losses[began - 1] < 3.0 * 1.5 < 6.0 <= losses[watch.health().as_of - 1]
     health = watch.health()
     assert health.last_unhealthy == health.as_of < steps - 1
-    assert divergence.cause(0.7).startswith(f"the loss rose from step {began} (its recent mean ")
+    assert divergence.cause(0.7).startswith(f"the loss rose from step {began} (its 5-step average ")
     assert ", 2.0x the run's best 3.0000 at step " in divergence.cause(0.7)
 
 

@@ -11,9 +11,10 @@ import torch
 from helpers import REPO, assert_ok, one_error_line, run_main_in_process, tiny_overrides
 
 SHAKESPEARE = REPO / "data" / "input.txt"
-DIVERGED = re.compile(r"error: training diverged: the loss (?:rose|spiked) from step (\d+)\D.*; stopped, resume from "
-                      r"(\S+) \(step (\d+), the newest snapshot healthy steps followed\), with a lower "
-                      r"optimizer_config.learning_rate .*; set aside so that no run resumes from them: (.*)")
+DIVERGED = re.compile(r"error: training diverged: the loss (?:rose|spiked) from step (\d+)\D.*; stopped, "
+                      r"resume from (\S+) \(step (\d+), the newest snapshot healthy steps followed\), "
+                      r"with a lower optimizer_config.learning_rate .*; set aside so that no run resumes "
+                      r"from them: (.*)")
 
 
 def train_losses(metrics: Path) -> dict[int, float]:
@@ -107,14 +108,15 @@ def test_a_folder_keeping_one_snapshot_saved_at_every_step_goes_back_to_a_health
     match = DIVERGED.fullmatch(one_error_line(result))
     assert match, one_error_line(result)
     since, resume_from, resume_step, _ = match.groups()
-    assert 0 < int(resume_step) < int(since) and resume_from == str(folder / f"snapshot_{int(resume_step):09d}.pt")
+    since, resume_step = int(since), int(resume_step)
+    assert 0 < resume_step < since and resume_from == str(folder / f"snapshot_{resume_step:09d}.pt")
     assert [path.name for path in folder.glob("snapshot_*.pt")] == [Path(resume_from).name]
 
     resumed = run_main_in_process(tiny_overrides(SHAKESPEARE, folder, data_config__truncate=0.05,
-                                                 trainer_config__max_steps=int(resume_step) + 40,
+                                                 trainer_config__max_steps=resume_step + 40,
                                                  trainer_config__log_every=10, trainer_config__keep_last=1,
                                                  optimizer_config__learning_rate=3e-3), capsys)
     assert_ok(resumed)
     assert f"(step {resume_step}, sample " in resumed.stdout
-    losses = [loss for step, loss in train_losses(folder / "metrics.jsonl").items() if step > int(resume_step)]
+    losses = [loss for step, loss in train_losses(folder / "metrics.jsonl").items() if step > resume_step]
     assert len(losses) == 40 and sum(losses[-5:]) < sum(losses[:5]), losses  # it learns on from there

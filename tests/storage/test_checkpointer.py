@@ -141,7 +141,8 @@ def test_snapshots_at_every_step_keep_the_newest_one_healthy_steps_followed(tmp_
     disk: at most two snapshots beyond the newest while the run went on."""
     saver, said, most = run_with_a_spike(tmp_path, layout, unhealthy_from=7, verdict_at=10,
                                          async_snapshots=async_snapshots)
-    assert said.startswith("resume from ") and "(step 5, the newest snapshot healthy steps followed)" in said, said
+    assert said.startswith("resume from "), said
+    assert "(step 5, the newest snapshot healthy steps followed)" in said, said
     assert "set aside so that no run resumes from them" in said and "\n" not in said
     model, optimizer, scaler = tiny_model_and_optimizer()
     resumed = Checkpointer(saver.policy, ONE_PROCESS, vocab=list("ab"))
@@ -175,7 +176,7 @@ def test_the_copies_kept_for_a_divergence_go_when_the_run_ends(tmp_path, world_o
 def test_a_sparser_cadence_keeps_one_healthy_copy_and_judged_snapshots_go(tmp_path, world_of_one):
     """Every 3 steps, the snapshot a save replaces has been judged already: the healthy one stays as
     last_good (no previous copy is needed), one that a spike followed goes."""
-    saver, said, most = run_with_a_spike(tmp_path, "file", unhealthy_from=8, verdict_at=14, every=3)
+    _, said, most = run_with_a_spike(tmp_path, "file", unhealthy_from=8, verdict_at=14, every=3)
     assert "(step 6, the newest snapshot healthy steps followed)" in said, said
     assert max(most) <= 2, most
 
@@ -188,5 +189,6 @@ def test_a_run_that_diverged_before_any_healthy_snapshot_leaves_none_to_resume(t
     saver.save("step 1", mid_epoch(1), model, optimizer, scaler)
     saver.note_health(Health(as_of=2, last_unhealthy=2))
     said = saver.go_back_to_healthy("with a lower learning rate")
-    assert said.startswith("no snapshot of this run was followed by healthy steps") and "starts afresh" in said
+    assert said.startswith("no snapshot of this run was followed by healthy steps"), said
+    assert "starts afresh" in said
     assert not (tmp_path / "snap.pt").exists() and (tmp_path / "snap.diverged.pt").exists()
