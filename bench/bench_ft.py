@@ -17,6 +17,14 @@
      away is skipped (the "missed" samples of the metrics).
    Reported: steps trained again, samples skipped, and the seconds from the kill until the run has
    logged step --kill-at + 1 (the step that was in flight), against one step's time.
+3. The mode's own failures (`--part own`), each under `launch.py --replica-groups 2`:
+   - the lighthouse SIGKILLed once step --kill-at is logged: seconds until launch.py says so, and
+     until it has ended (every group stopped), its exit status, the snapshot's step against the last
+     step trained (steps lost), and whether any group was started again;
+   - a config mistake (trainer_config.batch_size=0) and a user's error only the groups can see (a
+     data_config.path that does not exist): seconds to the end, lines printed, error lines, restarts;
+   - a group that cannot reach its lighthouse (nothing listens at its address), started alone: seconds
+     until it says so, against ft_timeout_s (--ft-timeout).
 Further arguments are Hydra overrides for every run (a smaller model, for a quick look).
 Writes bench/results/fault_tolerance.json.
 """
@@ -217,10 +225,76 @@ def failure(args: argparse.Namespace, folder: Path, mode: str) -> dict:
     return row
 
 
+def own_failures(args: argparse.Namespace, folder: Path) -> dict:
+    """What the mode's own failures cost: its lighthouse lost, a user's mistake, a lighthouse not there."""
+    figures = {"lighthouse_killed": lighthouse_killed(args, folder)}
+    for name, mistake in (("config_mistake", ["trainer_config.batch_size=0"]),
+                          ("data_error", [f"data_config.path={folder / 'no-such-text.txt'}"])):
+        snapshot = folder / f"{name}.pt"
+        run = Run(launch("ft", [*overrides(args, snapshot, 10), *mistake]), folder / f"{name}.log")
+        status = run.finish(timeout=600)
+        lines = run.text.splitlines()
+        figures[name] = {"exit_status": status, "seconds": run.lines[-1][0] - run.start if run.lines else None,
+                         "lines": len(lines), "error_lines": sum("error:" in line for line in lines),
+                         "started_again": run.text.count("starting the group again")}
+        print(f"{name}: exit {status} after {figures[name]['seconds']:.1f} s, {len(lines)} line(s), "
+              f"{figures[name]['error_lines']} error line(s), {figures[name]['started_again']} restart(s)", flush=True)
+    figures["lighthouse_unreachable"] = lighthouse_unreachable(args, folder)
+    return figures
+
+
+def lighthouse_killed(args: argparse.Namespace, folder: Path) -> dict:
+    snapshot = folder / "lighthouse.pt"
+    run = Run(launch("ft", overrides(args, snapshot, args.kill_at * 100,
+                                     **{"trainer_config.save_every_steps": args.save_every,
+                                        "trainer_config.ft_timeout_s": args.ft_timeout})),
+              folder / "lighthouse.log")
+    run.wait_until(lambda: killing_time(run, "ft", args.kill_at) is not None, timeout=1800)
+    lighthouse = int(re.match(r"Lighthouse: \S+ \(pid (\d+)\)", run.text).group(1))
+    os.kill(lighthouse, signal.SIGKILL)
+    killed_at = time.monotonic()
+    status = run.finish(timeout=1800)
+    said = [arrival for arrival, line in run.lines if line.startswith("error: the lighthouse")]
+    last_step = run.step_times(prefix_of("ft"))[-1][0]
+    import torch  # here: the other parts need no torch in this process
+
+    saved = torch.load(snapshot, weights_only=True)["step"]
+    row = {"exit_status": status, "seconds_until_said": said[0] - killed_at if said else None,
+           "seconds_until_ended": run.lines[-1][0] - killed_at, "last_step_logged": last_step,
+           "snapshot_step": saved, "steps_lost": max(last_step - saved, 0),
+           "started_again": run.text.count("starting the group again"),
+           "lines_about_it": sum("lighthouse" in line for arrival, line in run.lines if arrival > killed_at)}
+    print(f"lighthouse killed: said after {row['seconds_until_said']:.1f} s, every group stopped after "
+          f"{row['seconds_until_ended']:.1f} s (exit {status}), snapshot of step {saved} (last logged {last_step}), "
+          f"{row['started_again']} restart(s)", flush=True)
+    return row
+
+
+def lighthouse_unreachable(args: argparse.Namespace, folder: Path) -> dict:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    settings = overrides(args, folder / "unreachable.pt", 10, **{
+        "trainer_config.fault_tolerant": True, "trainer_config.ft_lighthouse": nowhere,
+        "trainer_config.ft_replica_groups": 2, "trainer_config.ft_timeout_s": args.ft_timeout})
+    run = Run([sys.executable, str(MINGPT / "main.py"), *settings], folder / "unreachable.log")
+    run.wait_until(lambda: "Data has" in run.text, timeout=600)  # the Manager connects next
+    connecting = time.monotonic()
+    status = run.finish(timeout=600)
+    row = {"exit_status": status, "seconds_until_said": run.lines[-1][0] - connecting,
+           "ft_timeout_s": args.ft_timeout, "said": run.lines[-1][1].strip()}
+    print(f"lighthouse unreachable: said after {row['seconds_until_said']:.1f} s (ft_timeout_s "
+          f"{args.ft_timeout:g}), exit {status}", flush=True)
+    return row
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--part", choices=["overhead", "failure", "both"], default="both")
+    parser.add_argument("--part", choices=["overhead", "failure", "both", "own"], default="both",
+                        help="both: overhead and failure; own: the mode's own failures (3.)")
     parser.add_argument("--batch-size", type=int, default=8, help="samples per rank and step")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
@@ -241,6 +315,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         figures["overhead"] = overhead(args, folder)
     if args.part in ("failure", "both"):
         figures["failure"] = {mode: failure(args, folder, mode) for mode in ("elastic", "ft")}
+    if args.part == "own":
+        figures["own_failures"] = own_failures(args, folder)
     save_json(args.json, figures)
 
 

@@ -162,17 +162,22 @@ trap on_time_limit_warning USR1
 # REPLICA_GROUPS=1: torchft's lighthouse here on the head node, then each node a replica group: its
 # own step, with no --kill-on-bad-exit (one group's failure must not end the others; torchrun
 # restarts its workers, which heal from the live groups), and its own torchrun (--standalone: the
-# groups meet at the lighthouse, not at a rendezvous), its lines prefixed [replica g] here (every
-# group logs). The run's own arguments come first: Hydra takes its options (--config-name) only
-# before the overrides. Run in the background as srun is: the time-limit trap stays with this shell, and its
+# groups meet at the lighthouse, not at a rendezvous), its lines prefixed [replica g] here (the
+# lowest live group speaks for the run; the others say their warnings, errors and healing). The run's
+# own arguments come first: Hydra takes its options (--config-name) only before the overrides. Run in
+# the background as srun is: the time-limit trap stays with this shell, and its
 # `scancel --signal=TERM` reaches every step (not this shell's sed).
+# The lighthouse is part of the run: when it ends before the groups, one line says so and every
+# group is stopped as at the time-limit warning, with its snapshot (each would stop by itself at its
+# next step, but torchrun would start it again against nothing); the job then ends with status 1.
 ft_main() {
     local port=${LIGHTHOUSE_PORT:-$((29510 + SLURM_JOB_ID % 1000))} group tries=0 steps=() failed=()
     local lighthouse=("$(dirname "$torchrun")/torchft_lighthouse" --bind "$head_node_ip:$port"
                       --min_replicas "${MIN_REPLICA_GROUPS:-1}")
     RUST_LOG=${RUST_LOG:-warn} "${lighthouse[@]}" &
     lighthouse_pid=$!  # not local: the EXIT trap, which stops the lighthouse with this (sub)shell, reads it
-    trap 'kill "$lighthouse_pid" 2>/dev/null && wait "$lighthouse_pid" || true' EXIT
+    lighthouse_watch=""
+    trap 'kill $lighthouse_watch 2>/dev/null; kill "$lighthouse_pid" 2>/dev/null && wait "$lighthouse_pid" || true' EXIT
     local address="http://$head_node_ip:$port"
     echo "[mingpt-ddp] Lighthouse: $address (pid $lighthouse_pid); if it dies, start it again on $head_node with:" \
          "${lighthouse[*]}, then restart the replica groups"
@@ -190,18 +195,29 @@ ft_main() {
             2>&1 | sed -u "s/^/[replica $group] /" &  # pipefail: the pipeline's status is srun's
         steps+=($!)
     done
+    (   # its own subshell: this one waits for the groups
+        while kill -0 "$lighthouse_pid" 2>/dev/null; do sleep 1; done
+        echo "[mingpt-ddp] error: the lighthouse (pid $lighthouse_pid) ended; no quorum forms without it, so" \
+             "every replica group stops now with a snapshot; submit the job again to resume from it" >&2
+        : > "$lighthouse_lost"
+        scancel --signal=TERM "$SLURM_JOB_ID"
+    ) &
+    lighthouse_watch=$!
     for group in "${!steps[@]}"; do
         local status=0
         wait "${steps[group]}" || status=$?
         echo "[mingpt-ddp] replica group $group (${nodes[group]}): torchrun exited with status $status"
         [ "$status" = 0 ] || failed+=("$group")
     done
+    kill "$lighthouse_watch" 2>/dev/null || true
+    [ -e "$lighthouse_lost" ] && return 1  # said when it ended
     [ "${#failed[@]}" = 0 ] && return
     echo "[mingpt-ddp] job $SLURM_JOB_ID: replica group(s) ${failed[*]} failed after their restarts"
     [ "${#failed[@]}" -lt "${#nodes[@]}" ]
 }
 
 if [ "${REPLICA_GROUPS:-0}" = 1 ]; then
+    lighthouse_lost=$(mktemp -u "${TMPDIR:-/tmp}/mingpt-lighthouse-lost.XXXXXX")  # made when it ends early
     ft_main "$@" &
 else
     # --kill-on-bad-exit: when one node's torchrun gives up, stop the others rather than leave them
@@ -225,6 +241,8 @@ while true; do
     wait "$training" && status=0 || status=$?
     kill -0 "$training" 2>/dev/null || break
 done
+
+rm -f "${lighthouse_lost:-}"
 
 if [ "$warned" = 1 ] && [ "${REQUEUE:-0}" = 1 ]; then
     echo "[mingpt-ddp] job $SLURM_JOB_ID: requeued; it resumes from its snapshot when it runs again"

@@ -206,6 +206,7 @@ class Replicas:
         quiet_torchft()  # before torchft is imported: its Rust core reads RUST_LOG then
         settings, env = self.settings, self.env
         self.lighthouse = settings.lighthouse_address()
+        self._await_lighthouse()
         host, port, self._store = group_store(env)
         self.process_group = replica_process_group(env.device, timedelta(seconds=settings.timeout_s))
         try:
@@ -320,6 +321,15 @@ class Replicas:
 
     WATCH_S = 0.5
     """How often a group waiting for its quorum looks at the lighthouse."""
+
+    def _await_lighthouse(self) -> None:
+        """At the start, the lighthouse answering within ft_timeout_s, or the group says so (torchft's own
+        connection, with its backoff, would take up to twice as long to give up)."""
+        deadline = time.monotonic() + self.settings.timeout_s
+        while (answer := lighthouse_answer(self.lighthouse)) != "up":
+            if time.monotonic() >= deadline:
+                raise MinGPTError(lighthouse_lost(self.lighthouse, LighthouseGone(answer), "start"))
+            time.sleep(self.WATCH_S)
     REFUSALS = 2
     """Refused connections in a row that make a lighthouse gone (nothing listens at its port)."""
 

@@ -457,3 +457,14 @@ def test_the_lighthouse_answers_refuses_or_is_silent(monkeypatch):
 
     monkeypatch.setattr(fault_tolerance.socket, "create_connection", no_answer)
     assert fault_tolerance.lighthouse_answer("http://node1:29510") == "silent"
+
+
+def test_a_group_whose_lighthouse_does_not_answer_at_its_start_says_so_within_ft_timeout_s():
+    import time
+
+    replicas = Replicas(on(timeout_s=1.0), replicas_of(0, 2).env)
+    replicas.lighthouse = closed_port()
+    started = time.monotonic()
+    with pytest.raises(MinGPTError, match=rf"^cannot reach the lighthouse at {replicas.lighthouse} \(start\); "):
+        replicas._await_lighthouse()
+    assert 1.0 <= time.monotonic() - started < 1.0 + 2 * replicas.WATCH_S + 1
