@@ -10,9 +10,20 @@ each rank takes *before* it arrives. Each rank times, per step, on its own clock
   nothing waits for the device.
 A rank's busy time per step is their sum. Each rank posts its running totals with its watchdog
 position (watchdog.py, through the run's store); at each progress line rank 0 takes the window
-since the last one: a rank whose busy time per step is at least SLOW_FACTOR times the median of the
-other ranks' for SLOW_WINDOWS windows in a row is named, with the phase in which it is furthest above
-theirs, in the progress line and the metrics (whose "ranks" lines hold every rank's figures).
+since the last one, and judges each rank over a stretch of its latest windows: the shortest in which
+the rank was busy for at least EVIDENCE_S seconds, and at least SLOW_WINDOWS windows long. A rank
+whose busy time per step over its stretch is at least SLOW_FACTOR times the median of the other
+ranks' over the same stretch is named, with the phase in which it is furthest above theirs, in the
+progress line and the metrics (whose "ranks" lines hold every rank's figures of the window).
+
+Why a stretch of seconds, and not a count of windows: on a loaded machine the kernel leaves a rank on
+the busier core for seconds at a time before it moves it, so that two healthy ranks differ by far
+more than any threshold over a window of a second or two. Measured on two cores at a load of 10 to
+23, two healthy ranks, windows of about 1 s: 0.26x to 3.8x in one window (one rank 1.2x the other
+or more in a quarter of them), 0.81x to 1.28x over stretches of 30 s. A rank that is slow for a
+reason of its own stays slow: one computing each step twice over read 2.5x to 3.8x over every
+stretch beside the same load. The load's imbalances last seconds, a slow rank's cause lasts, and
+the stretch tells them apart (docs/troubleshooting.md#a-slow-rank).
 
 Under FSDP and HSDP each block's all-gather in the forward pass makes the ranks wait for each other
 within the computation, so a rank slow at computing slows every rank's compute time alike and is
@@ -27,11 +38,15 @@ from typing import Iterable, Optional
 
 import torch
 
-SLOW_FACTOR = 1.2
-"""A rank this many times the other ranks' median busy time per step is slow..."""
+SLOW_FACTOR = 1.6
+"""A rank this many times the other ranks' median busy time per step over its stretch is slow:
+above two healthy ranks' spread under load over EVIDENCE_S (1.28x), below a rank of half the
+others' speed (2x)."""
+EVIDENCE_S = 30.0
+"""A rank is judged over its latest windows in which it was busy this many seconds (of its own
+steps: an evaluation or a snapshot in between adds nothing)..."""
 SLOW_WINDOWS = 2
-"""...when it is so in this many progress windows in a row (one window is noise: a page fault, a
-neighbour's burst)."""
+"""...and over at least this many windows (at the default progress interval of 30 s: a minute)."""
 PHASE_WORDS = {"data": "data loading", "compute": "computation"}
 
 
@@ -42,6 +57,10 @@ class StepTimes:
     steps: int = 0
     data_s: float = 0.0
     compute_s: float = 0.0
+
+    @property
+    def busy_s(self) -> float:
+        return self.data_s + self.compute_s
 
     def since(self, before: "StepTimes") -> Optional[tuple[float, float]]:
         """Seconds of data and compute per step in the window from before to self (None: no step)."""
@@ -128,7 +147,8 @@ class StragglerWatch:
 
     def __init__(self) -> None:
         self._before: dict[int, StepTimes] = {}
-        self._streaks: dict[int, int] = {}
+        self._history: deque[dict[int, StepTimes]] = deque()
+        """Every rank's totals at the end of each window still needed for a stretch, oldest first."""
 
     def window(self, step: int, now: dict[int, StepTimes], hosts: dict[int, str]) -> Optional[Window]:
         """The window since the last one in which every rank took a step (None until there is one)."""
@@ -136,27 +156,45 @@ class StragglerWatch:
         per_step = {rank: times.since(before[rank]) for rank, times in now.items() if rank in before}
         if len(now) < 2 or len(per_step) < len(now) or None in per_step.values():
             self._before = {**now, **before}  # the window stays open until every rank has moved
+            if not self._history or set(now) != set(self._history[-1]):
+                self._history = deque([self._before])  # the first totals, or a world of other ranks
             return None
+        self._history.append(now)
         ranks = sorted(per_step)
         data, compute = ([per_step[rank][phase] for rank in ranks] for phase in (0, 1))
-        slow = self._slow_rank(ranks, data, compute, hosts)
+        slow = self._slow_rank(ranks, hosts)
         return Window(step, [round(s * 1000, 2) for s in data], [round(s * 1000, 2) for s in compute], slow)
 
-    def _slow_rank(self, ranks: list[int], data: list[float], compute: list[float],
-                   hosts: dict[int, str]) -> str:
-        busy = [d + c for d, c in zip(data, compute)]
+    def _stretch_start(self, rank: int) -> Optional[int]:
+        """The index in the history where rank's stretch starts: the latest from which it was busy
+        EVIDENCE_S over SLOW_WINDOWS windows or more (None: not yet)."""
+        latest = self._history[-1][rank]
+        for start in range(len(self._history) - 1 - SLOW_WINDOWS, -1, -1):
+            if latest.busy_s - self._history[start][rank].busy_s >= EVIDENCE_S:
+                return start
+        return None
+
+    def _slow_rank(self, ranks: list[int], hosts: dict[int, str]) -> str:
+        latest, found = self._history[-1], []
+        starts = {rank: self._stretch_start(rank) for rank in ranks}
         for index, rank in enumerate(ranks):
+            if starts[rank] is None:
+                continue
+            first = self._history[starts[rank]]
+            data, compute = zip(*(latest[r].since(first[r]) for r in ranks))
+            busy = [d + c for d, c in zip(data, compute)]
             others = statistics.median(others_than(index, busy))
-            slow = others > 0 and busy[index] >= SLOW_FACTOR * others
-            self._streaks[rank] = self._streaks.get(rank, 0) + 1 if slow else 0
-        named = [index for index, rank in enumerate(ranks) if self._streaks[rank] >= SLOW_WINDOWS]
-        if not named:
+            if others > 0 and busy[index] >= SLOW_FACTOR * others:
+                found.append((busy[index] / others, index, data, compute))
+        if None not in starts.values():  # no stretch will start before the earliest of these again
+            for _ in range(min(starts.values())):
+                self._history.popleft()
+        if not found:
             return ""
-        index = max(named, key=lambda i: busy[i])
-        excess = {"data": data[index] - statistics.median(others_than(index, data)),
-                  "compute": compute[index] - statistics.median(others_than(index, compute))}
+        ratio, index, data, compute = max(found)
+        excess = {"data": data[index] - statistics.median(others_than(index, list(data))),
+                  "compute": compute[index] - statistics.median(others_than(index, list(compute)))}
         phase = max(excess, key=excess.get)
-        ratio = busy[index] / statistics.median(others_than(index, busy))
         host = f" ({hosts[ranks[index]]})" if ranks[index] in hosts else ""
         return f"rank {ranks[index]}{host} is {ratio:.1f}x the others' median step: {PHASE_WORDS[phase]}"
 

@@ -338,22 +338,12 @@ def test_a_diverging_fsdp_run_on_two_ranks_stops_together_and_keeps_its_snapshot
 
 
 # A run that hangs by itself: a stopped rank named within hang_timeout_s, a long save not taken for
-# a hang, a dead launcher's ranks ending themselves (distributed/watchdog.py); a rank slower than the
-# others named with its phase, and none in a healthy stretch (distributed/stragglers.py).
+# a hang, a dead launcher's ranks ending themselves (distributed/watchdog.py). The slow-rank line
+# (distributed/stragglers.py) needs tens of seconds of evidence, and has its own test on real
+# processes beside a loaded machine: tests/end_to_end/test_slow_rank.py.
 
 HANG_TIMEOUT_S = 4
 PROGRESS_S = 0.5
-SLOW_FROM = 30
-"""The step from which rank 1 is slowed down (SLOW in tests/workers/fault_injection.py)."""
-
-
-def named_slow(lines: list[str], phase: str, slow_from: int = SLOW_FROM) -> None:
-    """Progress lines before slow_from name no rank (a healthy run); a later one names rank 1 in phase."""
-    steps = [(re.match(r"epoch \d+/?\d* \| step (\d+)/", line), line) for line in lines]
-    healthy = [line for match, line in steps if match and int(match[1]) < slow_from]
-    assert healthy and not any("median step" in line for line in healthy), "".join(lines)
-    named = rf"\| rank 1 \(\S+\) is \d+\.\dx the others' median step: {phase}$"
-    assert re.search(named, lines[-1]), lines[-1]
 
 
 def two_ranks_with_faults(overrides: list[str]) -> list:
@@ -366,19 +356,15 @@ def test_a_stopped_rank_is_named_in_one_line_and_a_long_save_is_not_a_hang(text_
     """Rank 0's snapshot write at step 10 pauses twice hang_timeout_s (rank 1 waits for it: heard
     from, it is no hang); rank 1 is then SIGSTOPped (a rank stuck in I/O, a dead GPU, swapped out):
     rank 0 ends the run within the timeout and a few heartbeats, in one line, with a report, and the
-    snapshot of step 30 is as it was. Before that, rank 1 is slowed in its data loading from step
-    SLOW_FROM on: named so in the progress line."""
+    newest snapshot is as it was."""
     snapshot = tmp_path / "snap.pt"
     overrides = tiny_overrides(text_file, snapshot, trainer_config__max_epochs=2, trainer_config__log_every=1,
                                trainer_config__save_every_steps=10,
                                trainer_config__progress_interval_s=PROGRESS_S,
                                trainer_config__hang_timeout_s=HANG_TIMEOUT_S)
-    env = {"FAULT": "slow_write_at:10", "FAULT_RANK": "0", "SLOW_WRITE_S": str(2 * HANG_TIMEOUT_S),
-           "SLOW": f"data:0.04:{SLOW_FROM}"}
+    env = {"FAULT": "slow_write_at:10", "FAULT_RANK": "0", "SLOW_WRITE_S": str(2 * HANG_TIMEOUT_S)}
     command = two_ranks_with_faults(overrides)
-    process, seen = start_until(command, "median step", env)
-    named_slow(seen, "data loading")
-    assert "Snapshot saved at step 10" in "".join(seen)  # the long save went by
+    process, seen = start_until(command, "Snapshot saved at step 10", env)  # the long save went by
     for line in process.stdout:  # half-way between two snapshots
         seen.append(line)
         if re.search(r"\| Iter \d+5 \|", line):
@@ -423,15 +409,14 @@ def test_ranks_whose_launcher_died_end_themselves(text_file, tmp_path):
     """torchrun SIGKILLed (the OOM killer, an operator's wrong pid): its workers, in sessions of their
     own, would train on as orphans; each ends within a few heartbeats, saying why (or, when the
     other has ended first, losing contact with it in a collective). The run is far too long to end
-    by itself meanwhile: a worker that said the line and trained on would still be there. Before
-    that, rank 1 is slowed in its computation from step 100 on (SLOW_FROM's 30 steps can take under
-    one progress interval, leaving no healthy line before it): named so in the progress line."""
+    by itself meanwhile: a worker that said the line and trained on would still be there. (It once
+    checked the slow-rank line first, and failed there one run in three under load, before the
+    launcher was killed: that line has its own test, test_slow_rank.py.)"""
     overrides = tiny_overrides(text_file, tmp_path / "snap.pt", trainer_config__max_epochs=1000,
                                trainer_config__progress_interval_s=PROGRESS_S,
                                trainer_config__hang_timeout_s=HANG_TIMEOUT_S)
     command = two_ranks_with_faults(overrides)
-    process, seen = start_until(command, "median step", {"SLOW": "compute:0.04:100"})
-    named_slow(seen, "computation", slow_from=100)
+    process, seen = start_until(command, "| step ", {})  # training is under way, on both ranks
     workers = psutil.Process(process.pid).children(recursive=True)  # the ranks, and any process of theirs
     assert {rank_process(process, rank) for rank in (0, 1)} <= set(workers)
     process.kill()
