@@ -138,7 +138,7 @@ def launch_workers(nproc: int, max_restarts: int, overrides: list[str], group: O
                 if not crashed:  # a user's error, said in one line: a restart would say it again
                     return 1
                 why_not = restart_refused(restart, max_restarts, group)
-                if why_not:
+                if why_not is not None:
                     print(f"error: {failed_ranks(crashed, group)}{why_not}; see the output above", file=sys.stderr)
                     return 1
                 again = "the group again" if group else "the workers again"
@@ -177,12 +177,12 @@ def crashes(failures: dict, said: set[int]) -> dict:
             if rank not in said and not (said and failure.exitcode == -signal.SIGTERM)}
 
 
-def restart_refused(restart: int, max_restarts: int, group: Optional[GroupOfRun]) -> str:
-    """Why the workers are not started again ("" when they are)."""
+def restart_refused(restart: int, max_restarts: int, group: Optional[GroupOfRun]) -> Optional[str]:
+    """Why the workers are not started again, said after what failed (None: they are)."""
     if group is not None and not reachable(group.lighthouse):
         return f", and is not started again: the lighthouse at {group.lighthouse} does not answer"
     if restart < max_restarts:
-        return ""
+        return None
     return f" after {max_restarts} restart(s)" if max_restarts else ""
 
 

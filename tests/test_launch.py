@@ -131,6 +131,14 @@ def test_crashed_workers_are_started_again_up_to_max_restarts(monkeypatch, capsy
         "error: training failed on rank 0 (killed by SIGKILL) after 2 restart(s); see the output above"]
 
 
+def test_without_restarts_a_crash_ends_the_run_in_one_line(monkeypatch, capsys):
+    workers = Workers("crash")
+    monkeypatch.setattr(launch, "run", workers)
+    assert launch.launch_workers(2, max_restarts=0, overrides=[]) == 1
+    assert workers.starts == 1
+    assert capsys.readouterr().err == "error: training failed on rank 0 (killed by SIGKILL); see the output above\n"
+
+
 def test_workers_that_stopped_cleanly_are_not_started_again(monkeypatch, capsys):
     workers = Workers("clean stop")  # a signal that reached the workers but not the launcher
     monkeypatch.setattr(launch, "run", workers)
