@@ -1,12 +1,14 @@
-"""What the checks issue 47 added cost: the loss-spike rule in the divergence watch, every step, and
-the byte counting of every write of the run's files.
+"""What the checks of a run's health cost: the divergence watch, every step, and the byte counting of
+every write of the run's files.
 
     python bench/bench_step_checks.py [--batch 8] [--threads 2] [--mb 300]
 
 - The watch's work per step (DivergenceWatch.observe, then the host's reads after the step:
-  diverged_since and health), the version before the spike rule (git's f5479f2, loaded from its
-  source) against today's, each timed alone many times over; beside the default model's step at
-  `--batch`, measured here, for their share of it.
+  diverged_since and health), three versions each timed alone many times over: before the spike
+  rule (git's f5479f2: the non-finite test, on the device), with the spike rule judged on the device
+  (git's 236da7c, issue 47), and today's (issue 55: spikes that settle and slow rises, judged on the
+  host from a copy of two numbers), in turn and best of 5, so that a machine busy with other work
+  slows each alike; beside the default model's step at `--batch`, measured here, for their share.
 - A snapshot-sized write (`--mb` of bytes, the default model's state is about 300 MB) through
   files.write_atomically to the local disk, with the byte counting (common/files.py's _Counted,
   which also cuts a large write into 8 MB pieces) and without it, alternated, best of 5 each.
@@ -29,17 +31,19 @@ from mingpt.distributed import divergence
 from mingpt.distributed.process_group import distributed_session
 from mingpt.model import GPTConfig
 
-BEFORE = "f5479f2"
-"""The commit before the spike rule: its DivergenceWatch is the baseline."""
+BEFORE = ("f5479f2", "mingpt/distributed/control.py")
+"""The commit before the spike rule, and where its DivergenceWatch was: the baseline."""
+ON_DEVICE = ("236da7c", "mingpt/distributed/divergence.py")
+"""The last commit whose DivergenceWatch judged the spike rule on the device."""
 
 
-def watch_before() -> type:
-    """DivergenceWatch as it was at BEFORE, from git's copy of control.py."""
-    source = subprocess.run(["git", "show", f"{BEFORE}:mingpt/distributed/control.py"], cwd=REPO,
+def watch_at(commit: str, path: str) -> type:
+    """DivergenceWatch as it was at commit, from git's copy of its module."""
+    source = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=REPO,
                             capture_output=True, text=True, check=True).stdout
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(source)
-    spec = importlib.util.spec_from_file_location("control_before", f.name)
+    spec = importlib.util.spec_from_file_location(f"watch_{commit}", f.name)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.DivergenceWatch
@@ -97,17 +101,23 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device("cpu")
-    before = watch_us(watch_before()(device, scaled=False), args.repeats)
-    after = watch_us(divergence.DivergenceWatch(device, scaled=False), args.repeats)
+    watches = {"before": watch_at(*BEFORE), "on_device": watch_at(*ON_DEVICE),
+               "after": divergence.DivergenceWatch}
+    timed: dict[str, list[float]] = {name: [] for name in watches}
+    for _ in range(5):
+        for name, watch in watches.items():
+            timed[name].append(watch_us(watch(device, scaled=False), args.repeats))
+    before, on_device, after = (min(timed[name]) for name in watches)
     with distributed_session() as env:
         step = step_ms(env, args.batch)
     writes = write_seconds(args.mb)
-    result = {"watch_us_before": before, "watch_us_after": after, "added_us": after - before,
+    result = {"watch_us_before": before, "watch_us_on_device": on_device, "watch_us_after": after,
+              "added_us": after - before,
               "step_ms": step, "added_share_of_step": (after - before) / 1e3 / step,
               "write_s": writes, "write_ratio": writes["counted"] / writes["uncounted"]}
-    print(f"divergence watch per step: {before:.1f} us before the spike rule, {after:.1f} us with it "
-          f"(+{after - before:.1f} us, {result['added_share_of_step']:.3%} of the default model's "
-          f"{step:.0f} ms step at batch {args.batch})")
+    print(f"divergence watch per step: {before:.1f} us before the spike rule, {on_device:.1f} us with it on "
+          f"the device, {after:.1f} us today ({after - before:+.1f} us against the first, "
+          f"{result['added_share_of_step']:+.4%} of the default model's {step:.0f} ms step at batch {args.batch})")
     print(f"a {args.mb} MB write: {writes['uncounted']:.3f} s uncounted, {writes['counted']:.3f} s counted "
           f"(x{result['write_ratio']:.3f}, best of 5)")
     save_json(args.json, {"settings": vars(args), "result": result})
