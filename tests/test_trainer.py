@@ -88,8 +88,8 @@ def test_mfu_is_held_against_the_peak_of_the_precision_in_use(monkeypatch, tmp_p
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
     monkeypatch.setenv("MINGPT_CACHE_DIR", str(tmp_path))  # measured here, not read from this machine's cache
-    monkeypatch.setattr(flops, "matmul_flops_by_size",
-                        lambda dtype: {2048: 8e9 if dtype == torch.bfloat16 else 2e9})
+    monkeypatch.setattr(flops, "measure_cpu_peak",
+                        lambda dtype: flops.CpuPeak(8e9 if dtype == "bf16" else 2e9, clean=True))
     flops.peak_flops.cache_clear()
     dataset = CharDataset(make_text(500), 8)
     model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, vocab_size=dataset.vocab_size, block_size=8))

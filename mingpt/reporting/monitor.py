@@ -8,6 +8,10 @@ carries start-up (data workers, allocator, compilation, the first eval's afterma
 otherwise show as a slow rate and an ETA of days. tokens/s and MFU are those of the latest window;
 the ETA is from every window of this run together, so that it settles instead of swinging with each
 window's few steps.
+
+An MFU over 100% is a peak that is wrong, not a run that beats the hardware: the first time a
+window does better than the peak, the peak is measured again (flops.peak_above, a CPU's); an MFU
+still over 100% is not shown, nor recorded, and one warning says why.
 """
 import datetime
 import time
@@ -15,7 +19,7 @@ from typing import Callable, Optional
 
 import torch
 
-from mingpt.common.logger import log, on_terminal, show_status
+from mingpt.common.logger import log, on_terminal, show_status, warn_once
 from mingpt.reporting.flops import model_flops_utilization
 
 LONG_RUN_S = 3600.0
@@ -31,10 +35,13 @@ def format_eta(seconds: float) -> str:
 class TrainingMonitor:
     def __init__(self, flops_per_token: int, peak_flops: Optional[float], world_size: int,
                  total_steps: int, max_epochs: Optional[int], interval_s: float, active: bool,
-                 long_run_hint: str = ""):
+                 long_run_hint: str = "", peak_above: Optional[Callable[[float], Optional[float]]] = None):
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
         """One device's peak in the precision training uses (flops.peak_flops); None: no MFU."""
+        self.peak_above = peak_above
+        """Given the FLOP/s a device achieved above its peak: the peak measured again, or None when it
+        is still below (flops.peak_above for this device and dtype); asked once."""
         self.world_size = world_size
         self.total_steps = total_steps
         self.max_epochs = max_epochs
@@ -66,11 +73,32 @@ class TrainingMonitor:
         self._window = None
 
     @property
+    def achieved_flops(self) -> Optional[float]:
+        """One device's model FLOP/s over the latest window."""
+        if self.tokens_per_s is None:
+            return None
+        return self.tokens_per_s / self.world_size * self.flops_per_token
+
+    @property
     def mfu(self) -> Optional[float]:
+        """The latest window's MFU; None without a peak, and never over 100% (see above)."""
         if self.tokens_per_s is None or not self.peak_flops:
             return None
         per_device = self.tokens_per_s / self.world_size
-        return model_flops_utilization(per_device, self.flops_per_token, self.peak_flops)
+        mfu = model_flops_utilization(per_device, self.flops_per_token, self.peak_flops)
+        return mfu if mfu <= 1.0 else None
+
+    def _check_peak(self) -> None:
+        """A window above the peak: the peak measured again, once; if still below, no MFU."""
+        achieved = self.achieved_flops
+        if not self.peak_flops or achieved <= self.peak_flops:
+            return
+        before, ask, self.peak_above = self.peak_flops, self.peak_above, None
+        self.peak_flops = ask(achieved) if ask else None
+        if self.peak_flops is None:
+            warn_once(f"MFU is not shown: training does {achieved / 1e9:,.1f} GFLOP/s per device, more than "
+                      f"its peak ({before / 1e9:,.1f} GFLOP/s) even measured again, so the peak cannot be "
+                      "trusted (on a CPU: measured while other processes held its cores)")
 
     def update(self, epoch: int, step: int, tokens: int, loss: torch.Tensor) -> None:
         if not self.active:
@@ -85,6 +113,7 @@ class TrainingMonitor:
         loss_value = loss.item()  # waits for the device, so the clock below is honest
         elapsed = time.monotonic() - start
         self.tokens_per_s = (tokens - start_tokens) / elapsed
+        self._check_peak()
         timed_s, timed_steps = self._timed[0] + elapsed, self._timed[1] + step - start_step
         self._timed = (timed_s, timed_steps)
         eta_s = max(self.total_steps - step, 0) * timed_s / timed_steps

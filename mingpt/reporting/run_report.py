@@ -17,7 +17,7 @@ import torch
 from mingpt.common.logger import clear_status, log
 from mingpt.distributed.process_group import DistEnv
 from mingpt.distributed.stragglers import StepTimes, StragglerWatch
-from mingpt.reporting.flops import peak_flops
+from mingpt.reporting.flops import peak_above, peak_flops
 from mingpt.reporting.hellaswag_eval import Score
 from mingpt.reporting.metrics import MetricsLog, open_run_metrics
 from mingpt.reporting.monitor import TrainingMonitor, format_eta
@@ -85,6 +85,7 @@ class RunReport:
             peak_flops=peak_flops(env.device, matmul_dtype) if env.is_main else None,
             world_size=env.world_size, total_steps=total_steps, max_epochs=settings.max_epochs,
             interval_s=settings.progress_interval_s, active=env.is_main,
+            peak_above=lambda achieved: peak_above(env.device, matmul_dtype, achieved),
             long_run_hint=f"for a run of minutes on a CPU: {command_beside('main.py')} --config-name laptop"
             if env.device.type == "cpu" else "")
         return cls(metrics, monitor, env.rank, settings.log_every, rank_times)

@@ -1,3 +1,6 @@
+import re
+
+import pytest
 import torch
 
 from mingpt.common.logger import configure_logging
@@ -73,3 +76,73 @@ def test_the_eta_is_from_every_window_and_a_long_cpu_run_names_the_short_config(
     tracker.update(1, 21, 10000, torch.tensor(1.0))
     later = capsys.readouterr().out.splitlines()
     assert len(later) == 1 and "| 167 tok/s |" in later[0] and later[0].endswith("| ETA 2:00:00")
+
+
+def test_a_window_above_the_peak_measures_the_peak_again_once(capsys, monkeypatch):
+    """500 tok/s x 1000 FLOP/token is 5e5 FLOP/s against a peak of 1e5 (measured while other processes
+    held the CPU): an MFU of 500% is a wrong peak. It is measured again, once, and the line shows the
+    MFU against the new one."""
+    asked = []
+
+    def peak_above(achieved: float) -> float:
+        asked.append(achieved)
+        return 1e6
+
+    tracker = tracker_at(monkeypatch, [0.0, 10.0, 10.0, 10.0, 20.0, 20.0, 20.0], peak_flops=1e5,
+                         peak_above=peak_above)
+    tracker.update(1, 1, 0, torch.tensor(1.0))
+    tracker.update(1, 11, 5000, torch.tensor(1.0))
+    assert "| 500 tok/s | MFU 50.0% |" in capsys.readouterr().out
+    tracker.update(1, 21, 15000, torch.tensor(1.0))  # 1,000 tok/s: 100%, not above
+    assert "| MFU 100.0% |" in capsys.readouterr().out
+    assert asked == [5e5] and tracker.peak_flops == 1e6
+
+
+def test_an_mfu_over_100_percent_is_never_shown_nor_recorded(capsys, monkeypatch):
+    """The peak measured again is still below what training does (or cannot be measured again: a
+    GPU's datasheet figure): no MFU from then on, said once."""
+    tracker = tracker_at(monkeypatch, [0.0, 10.0, 10.0, 10.0, 20.0, 20.0, 20.0], flops_per_token=10**7,
+                         peak_flops=1e9, peak_above=lambda achieved: None)
+    tracker.update(1, 1, 0, torch.tensor(1.0))
+    tracker.update(1, 11, 5000, torch.tensor(1.0))
+    first = capsys.readouterr().out.splitlines()
+    assert first[0] == ("warning: MFU is not shown: training does 5.0 GFLOP/s per device, more than its peak "
+                        "(1.0 GFLOP/s) even measured again, so the peak cannot be trusted (on a CPU: "
+                        "measured while other processes held its cores)")
+    assert first[1] == "epoch 1/3 | step 11/30 | loss 1.0000 | 500 tok/s | ETA 0:00:19"
+    assert tracker.mfu is None
+    tracker.update(1, 21, 15000, torch.tensor(1.0))
+    assert "MFU" not in capsys.readouterr().out
+    plain = TrainingMonitor(1000, 1e5, 1, 30, 3, interval_s=0.0, active=False)  # no way to measure again
+    plain.tokens_per_s = 500.0
+    assert plain.mfu is None
+
+
+@pytest.mark.slow
+def test_a_run_whose_cpu_peak_was_measured_on_a_crowded_cpu_measures_it_again(
+        text_file, tmp_path, capsys, monkeypatch, one_torch_thread):
+    """Through main.run: the CPU's peak comes out at 1 MFLOP/s (as the wall clock reads a matmul while
+    other processes hold the cores), far below what the tiny model then does. At its first progress
+    line the run measures the peak again (the report's hook to flops.peak_above), and no line or
+    metric ever holds an MFU over 100%."""
+    from helpers import assert_ok, run_main_in_process, tiny_overrides
+
+    from mingpt.reporting import flops
+    from mingpt.reporting.metrics import default_metrics_path, read_metrics
+
+    measurements = iter([flops.CpuPeak(1e6, clean=False), flops.CpuPeak(1e12, clean=True)])
+    monkeypatch.setattr(flops, "measure_cpu_peak", lambda dtype: next(measurements))
+    monkeypatch.setenv("MINGPT_CACHE_DIR", str(tmp_path))
+    flops.peak_flops.cache_clear()
+    snapshot = tmp_path / "snap.pt"
+    try:
+        result = run_main_in_process(tiny_overrides(text_file, snapshot, trainer_config__max_steps=60,
+                                                    trainer_config__progress_interval_s=0.2), capsys)
+    finally:
+        flops.peak_flops.cache_clear()
+    assert_ok(result)
+    shown = [float(mfu) for mfu in re.findall(r"\| MFU ([\d.]+)% \|", result.stdout)]
+    assert shown and all(mfu <= 100 for mfu in shown), result.stdout
+    assert next(measurements, None) is None  # measured twice: at start-up, then again
+    recorded = [line["mfu"] for line in read_metrics(default_metrics_path(str(snapshot)), "train")]
+    assert all(mfu is None or mfu <= 1 for mfu in recorded)
