@@ -340,6 +340,7 @@ class Chorus:
     def _copy(self, source: IO[bytes], sink: IO[str], group: int) -> None:
         prefix = f"[replica {group}] ".encode()
         for line in iter(source.readline, b""):
+            line = line if line.endswith(b"\n") else line + b"\n"  # a last line cut short, or its group's next would join it
             with self._lock:
                 if line.startswith(b"error:"):
                     self.errors_said.add(group)

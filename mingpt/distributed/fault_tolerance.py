@@ -381,8 +381,9 @@ class Replicas:
     def _speak(self, voice: bool) -> None:
         """This group's rank 0 says the run's lines (the logger's INFO) only while the group is its voice;
         the other ranks never do, and every rank says its warnings and errors."""
-        if self.env.rank == 0:
-            log.setLevel(logging.INFO if voice else logging.WARNING)
+        level = logging.INFO if voice else logging.WARNING
+        if self.env.rank == 0 and log.level != level:  # at every quorum: setLevel clears every logger's cache
+            log.setLevel(level)
 
     def _say(self, line: str, always: bool = False) -> None:
         """A line of the run (its voice says it), or `always`: one about this group alone."""

@@ -25,3 +25,24 @@ def test_reports_the_overhead_and_what_a_failure_costs_in_each_mode(tmp_path, te
     # lighthouse's heartbeat timeout joins the next quorum and nothing is skipped (seen in a CI run).
     assert ft["healed"] and not ft["rank0_resumed"] and ft["steps_trained_again"] == 0
     assert ft["samples_skipped"] % 8 == 0  # whole shares of --batch-size samples
+
+
+def test_reports_what_the_modes_own_failures_cost(tmp_path, text_file):
+    """--part own: the lighthouse killed (every group stopped with its snapshot, none started again), a
+    config mistake and a data error (said once, not retried), a lighthouse not there (said within
+    ft_timeout_s, with room for a loaded machine)."""
+    report = tmp_path / "ft.json"
+    result = run([sys.executable, REPO / "bench" / "bench_ft.py", "--part", "own", "--kill-at", "15", "--save-every",
+                  "10", "--ft-timeout", "5", "--json", report, f"data_config.path={text_file}",
+                  "data_config.truncate=1.0", "data_config.block_size=64", "gpt_config.n_layer=2", "gpt_config.n_head=2",
+                  "gpt_config.n_embd=128"], timeout=900)
+    assert_ok(result)
+    own = json.loads(report.read_text())["own_failures"]
+    lighthouse = own["lighthouse_killed"]
+    assert lighthouse["exit_status"] == 1 and lighthouse["steps_lost"] == 0 and lighthouse["started_again"] == 0
+    assert lighthouse["seconds_until_said"] < 5 and lighthouse["seconds_until_ended"] < 60
+    for mistake in ("config_mistake", "data_error"):
+        assert own[mistake]["exit_status"] == 1 and own[mistake]["error_lines"] == 1, own[mistake]
+        assert own[mistake]["started_again"] == 0
+    assert own["lighthouse_unreachable"]["exit_status"] == 1
+    assert own["lighthouse_unreachable"]["seconds_until_said"] < 5 + 20

@@ -353,7 +353,6 @@ def test_a_quorum_wait_ends_within_a_second_when_the_lighthouse_is_gone_not_afte
     import concurrent.futures
     import socket
     import threading
-    import time
 
     replicas = replicas_of(0, 2)
     replicas.lighthouse = closed_port()
