@@ -57,8 +57,9 @@ class RunGuard:
             self.agreement.saved()
 
     def stop_asked(self) -> Decision:
-        """Between two steps, at the same point on every rank: whether any rank was asked to stop."""
-        return self.agreement.stop_asked()
+        """Between two steps, at the same point on every rank: whether any rank was asked to stop
+        (never, outside training: an evaluation of its own takes no stop signals)."""
+        return self.agreement.stop_asked() if self.agreement is not None else Decision()
 
     def stop_at_once_when(self, loses_nothing: Callable[[], bool], kept: Callable[[], str]) -> None:
         """While training: a stop signal stops this process at once when loses_nothing() (nothing
