@@ -33,9 +33,9 @@ therefore ignore the stop signals and Ctrl-C (`leave_stops_to_training`, their w
 the training process stops them itself once it has saved; a worker that dies of anything else is
 still reported by the DataLoader as before.
 
-A run that diverges is seen on the device by divergence.py's DivergenceWatch, without waiting for
-it; the host reads its verdict a step later and posts it to the same all-reduce, so every rank stops
-at the same step, before any snapshot of the ruined weights.
+A run that diverges is judged by divergence.py's DivergenceWatch a step late (each step's loss and
+gradient norm copied to the host without waiting for the device), and its verdict posted to the
+same all-reduce, so every rank stops at the same step, before any snapshot of the ruined weights.
 
 Ctrl-C (SIGINT) is always a stop request: the first stops like SIGTERM, with a snapshot; a second
 quits at once (KeyboardInterrupt), leaving the last complete snapshot as it is (writes are atomic),
