@@ -90,8 +90,9 @@ def test_healthy_ranks_on_loaded_cores_are_not_named_and_a_rank_of_half_their_sp
         assert (rank, phase) == ("1", "computation") and float(ratio) >= SLOW_FACTOR, named
         assert int(PROGRESS.match(named)[1]) > slowed_from
     finally:
-        for process_ in hogs:
-            process_.kill()
+        for busy_loop in hogs:
+            busy_loop.kill()
+            busy_loop.wait()
         kill_tree(process)
     # The healthy stretch was judged: each rank was busy longer than EVIDENCE_S before the slowdown.
     assert min(busy_until(tmp_path, slowed_from)) > EVIDENCE_S

@@ -186,6 +186,7 @@ def test_a_peak_measured_beside_cpu_hogs_is_the_peak_measured_without_them():
     finally:
         for hog in hogs:
             hog.kill()
+            hog.wait()
     after = flops.measure_cpu_peak("fp32")
     print(f"threads {threads}: peak {before.flops / 1e9:.0f} GFLOP/s before (clean: {before.clean}), "
           f"{loaded.flops / 1e9:.0f} beside {HOGS} hogs (clean: {loaded.clean}; the wall clock read "
