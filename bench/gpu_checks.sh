@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What only a GPU can show, in order of priority, for a session lent one for about 15 minutes:
 #
-#     bash bench/gpu_checks.sh            # the whole list, about 12 minutes on an H100
+#     bash bench/gpu_checks.sh            # the whole list, about 14 minutes on an H100
 #     bash bench/gpu_checks.sh b d        # only the named steps (a rerun of the failed ones)
 #
 # Each step has a time limit of its own; a failed or timed-out step is recorded and the next one runs.
@@ -20,6 +20,10 @@
 #   e  nanoGPT's shakespeare-char recipe with main.py: best validation loss and wall time (target 1.47
 #      or lower in 90 s or less)
 #   f  generation with and without the key/value cache on the GPU
+#   g  plan.py --check's figures against a real step (bench/bench_check_gpu.py): what the check's simulated
+#      rank 0 holds against what the GPU's rank holds after two steps (target: equal within 2%), and the
+#      planner's peak on this GPU against torch.cuda.max_memory_allocated (target 10%); gpt2, bf16, batch 8,
+#      block 1024, DDP, and FSDP under torchrun
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHON=${PYTHON:-python}
@@ -28,7 +32,7 @@ if $PYTHON -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
 if [[ $GPU == 1 ]]; then OUT=${GPU_CHECKS_OUT:-bench/results/gpu}; else OUT=${GPU_CHECKS_OUT:-$(mktemp -d)}; fi
 mkdir -p "$OUT"
 echo "logs and summary: $OUT"
-WANTED=" ${*:-a b c d e f} "
+WANTED=" ${*:-a b c d e f g} "
 STEPS=()  # name|status|seconds|command, for the summary
 
 # run STEP LIMIT_S NEEDS_GPU LOG -- COMMAND...: the command under its time limit, its output in LOG.
@@ -86,6 +90,9 @@ if [[ $GPU == 1 ]]; then
         optimizer_config.warmup_steps=100 trainer_config.save_every=1000
     run f 120 1 generate.log -- $PYTHON bench/bench_generate.py --device cuda --threads 1 \
         --json "$OUT/generate.json"
+    run g 180 1 check_ddp.log -- $PYTHON bench/bench_check_gpu.py --json "$OUT/check_ddp.json"
+    run g 180 1 check_fsdp.log -- $PYTHON -m torch.distributed.run --standalone --nproc_per_node=1 \
+        bench/bench_check_gpu.py --method fsdp --json "$OUT/check_fsdp.json"
 else  # the CPU-able parts, small: they check this script, not the GPU
     run a 240 1 multi_rank_cuda.log -- $PYTHON bench/multi_rank_cuda.py
     run b 90 1 vocab_padding.log -- $PYTHON bench/bench_vocab_padding.py
@@ -98,6 +105,7 @@ else  # the CPU-able parts, small: they check this script, not the GPU
         trainer_config.eval_batches=2 trainer_config.data_loader_workers=0
     run f 120 0 generate.log -- $PYTHON bench/bench_generate.py --models default --prompts 1 --threads 1 \
         --new-tokens 4 --repeats 1 --json "$OUT/generate.json"
+    run g 180 1 check_ddp.log -- $PYTHON bench/bench_check_gpu.py  # its CPU half: run by hand, minutes here
 fi
 rm -f "$OUT/shakespeare_char.pt" "$OUT/shakespeare_char.metrics.jsonl" "$OUT/shakespeare_char.lease.json"
 

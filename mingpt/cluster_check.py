@@ -15,7 +15,6 @@ The snapshots go to a temporary folder of the configured kind (a file, or a fold
 configured path, and the metrics beside them: the check writes nothing a run would read.
 """
 import copy
-import gc
 import multiprocessing
 import tempfile
 import traceback
@@ -55,6 +54,7 @@ from mingpt.planning.memory import (
 from mingpt.run_config import TrainConfig
 from mingpt.start_up import start_trainer, train_objects
 from mingpt.storage.sharded_store import rank_share
+from mingpt.tokens.permutation import BlockOrder
 from mingpt.trainer import Trainer
 
 SHOWN_SAMPLES = 3
@@ -107,7 +107,7 @@ def in_a_child(function, *args):
     alone and would hand one world's mesh to the next). A refusal comes back as the same line."""
     context = multiprocessing.get_context("fork")
     receiving, sending = context.Pipe(duplex=False)
-    child = context.Process(target=_run_and_send, args=(sending, function, args))
+    child = context.Process(target=_run_and_send, args=(sending, function, args), daemon=True)
     child.start()
     sending.close()
     try:
@@ -157,9 +157,7 @@ def check_rank(config: TrainConfig, cluster: CheckedCluster, rank: int) -> RankC
             check = step_and_measure(config, cluster, trainer, summary, watch)
             return replace(check, resident_peak=resident_peak())
         finally:
-            trainer.checkpointer.release()
-            del trainer, objects
-            gc.collect()
+            trainer.checkpointer.release()  # its lease, in the temporary folder
 
 
 def step_and_measure(config: TrainConfig, cluster: CheckedCluster, trainer: Trainer, summary: list[str],
@@ -209,7 +207,8 @@ def data_lines(trainer: Trainer, first: torch.Tensor) -> list[str]:
     and its evaluation's share."""
     env, sampler, split = trainer.env, trainer.train_loader.sampler, trainer.train_loader.dataset
     shown = ", ".join(f"{int(i):,}" for i in first[:SHOWN_SAMPLES])
-    lines = [f"data: {rounds(len(trainer.train_loader), 'batch', 'batches')} of {sampler.batch_size:,} per epoch, "
+    batches = rounds(len(trainer.train_loader), "batch", "batches")
+    lines = [f"data: {batches} of {sampler.batch_size:,} per epoch, "
              f"{rounds(sampler.positions_per_rank(0), 'position')} of the epoch's {sampler.pass_length:,} "
              f"(the first batch's samples {shown}, ...)"]
     shards = split.dataset.shards if hasattr(split, "dataset") else None
@@ -221,9 +220,18 @@ def data_lines(trainer: Trainer, first: torch.Tensor) -> list[str]:
                  if remote else "")
         lines.append(f"reads {len(reads.opened)} of the {len(shards.shards)} shard files in an epoch "
                      f"({_ranges(reads.opened)}){asked}")
+        wider = step_wider_than_a_group(sampler)
+        if wider:
+            span = (sampler.batch_size - 1) * env.world_size
+            lines.append(f"warning: a rank's batch reaches {span:,} positions of the order past its first, "
+                         "more than a group of "
+                         f"data_config.shards_at_once={sampler.blocks.at_once} shards: a batch then reads "
+                         "shards it did not ask near (remote ones fetched as they are first read); "
+                         f"data_config.shards_at_once={wider} or more keeps each step within two groups")
     if trainer.test_loader is not None:
         test = trainer.test_loader.sampler
-        lines.append(f"evaluation: {rounds(len(trainer.test_loader), 'batch', 'batches')} of up to {test.batch_size:,} "
+        evaluated = rounds(len(trainer.test_loader), "batch", "batches")
+        lines.append(f"evaluation: {evaluated} of up to {test.batch_size:,} "
                      f"samples, {rounds(test.positions_per_rank(0), 'position')} of "
                      f"{test.pass_length:,} (trainer_config.eval_batches={trainer.config.eval_batches})"
                      + (f"; {env.world_size:,} ranks share {test.pass_length:,} samples: the last round "
@@ -258,6 +266,23 @@ def shards_read(sampler, split) -> ShardReads:
         for position in (starts, starts + windows.block_size):  # a window may end in the next file
             touched.update(np.searchsorted(windows.shards.starts, position, side="right") - 1)
     return ShardReads(sorted(int(index) for index in touched), asked, samples)
+
+
+def step_wider_than_a_group(sampler) -> int:
+    """Shards read a few at a time (permutation.BlockOrder) are asked near as a rank's batch enters
+    each group, this group's and the next's; a rank's batch reaches (batch_size - 1) x world positions
+    past its first. 0 when that is within the smallest whole group (the batch then ends in the next
+    group at the latest), else the shards_at_once that would hold it."""
+    if sampler.blocks is None:
+        return 0
+    order = BlockOrder(sampler.blocks, sampler.seed)
+    groups = np.diff(order.group_starts)
+    smallest = int(groups[:-1].min()) if len(groups) > 1 else int(groups[0])
+    span = (sampler.batch_size - 1) * sampler.world_size
+    if span <= smallest:
+        return 0
+    block = min(size for size in sampler.blocks.sizes if size) or 1
+    return -(-span // block)
 
 
 def _ranges(indices: list[int]) -> str:
@@ -321,12 +346,12 @@ def report(config: TrainConfig, cluster: CheckedCluster, checks: list[RankCheck]
                "for activations)")
     peaks = [check.resident_peak for check in checks if check.resident_peak]
     resident = f", each rank's process at most {gb(max(peaks))} resident" if peaks else ""
-    lines += wrap(f"No rank refused the run ({seconds:.0f} s{resident}); {verdict}. Checked: the config; the data, its "
-                  "split and each rank's sampler; the model placed under "
-                  f"{tc.distributed_method} on the mesh the run builds, and its memory on the {device.name}; the "
-                  "optimizer; one step; the snapshot layout. Not checked: what needs the other ranks' values "
-                  "or their time (the fake group moves no data), NCCL, and the GPU's kernels (their memory "
-                  "is the planner's): docs/distributed.md#before-you-queue-a-large-run.")
+    lines += wrap(f"No rank refused the run ({seconds:.0f} s{resident}); {verdict}. Checked: the config; "
+                  "the data, its split and each rank's sampler; the model placed under "
+                  f"{tc.distributed_method} on the mesh the run builds, and its memory on the {device.name}; "
+                  "the optimizer; one step; the snapshot layout. Not checked: what needs the other ranks' "
+                  "values or their time (the fake group moves no data), NCCL, and the GPU's kernels (their "
+                  "memory is the planner's): docs/distributed.md#before-you-queue-a-large-run.")
     return lines
 
 

@@ -29,7 +29,6 @@ What the fake group cannot carry, and so what a check cannot prove:
   the GPU's memory (memory.simulating).
 """
 import contextlib
-import gc
 import textwrap
 import time
 import weakref
@@ -90,7 +89,8 @@ def fake_world(rank: int, world_size: int, ranks_per_node: int, timeout_s: float
                       local_world_size=ranks_per_node, device=torch.device("cpu"), backend=FAKE_BACKEND,
                       timeout=timeout)
     finally:
-        gc.collect()  # FSDP's and DDP's state, freed while the group they refer to is alive
+        # No gc.collect() first, as distributed_session has: each rank is checked in a process of its
+        # own that ends at once (multiprocessing's os._exit), never at an interpreter's shutdown.
         dist.destroy_process_group()
 
 
@@ -264,7 +264,8 @@ class RankCheck:
         planned, ours, cluster = self.planned_cpu, self.held, self.planned_cluster
         usable = f" of {gb(memory)}" if memory else ""
         host = f", and {gb(cluster['host'])} of host memory" if cluster.get("host") else ""
-        out = [f"rank {self.rank} of {world_size:,} ({self.world}): started and stepped in {self.seconds:.1f} s",
+        out = [f"rank {self.rank} of {world_size:,} ({self.world}): started and stepped in "
+               f"{self.seconds:.1f} s",
                *([f"  {self.mesh}"] if self.mesh else []),
                f"  holds {gb(ours.total)} between steps: parameters {gb(ours.parameters)}, gradients "
                f"{gb(ours.gradients)}, optimizer state {gb(ours.optimizer)} (measured; the planner's "
@@ -272,9 +273,9 @@ class RankCheck:
                f"  its step on this CPU ({self.precision}): {gb(self.step_peak)} at the peak, "
                f"{gb(self.activations)} of activations left for the backward pass (measured; the planner's "
                f"{gb(planned['activations'])})",
-               f"  on the {device} ({cluster_precision}), the planner's: {gb(cluster['peak'])}{usable} at the "
-               f"peak (activations {gb(cluster['activations'])}, buffers {gb(cluster['buffers'])}){host}, "
-               "the allocator's reserve on top"]
+               f"  on the {device} ({cluster_precision}), the planner's: {gb(cluster['peak'])}{usable} at "
+               f"the peak (activations {gb(cluster['activations'])}, buffers {gb(cluster['buffers'])})"
+               f"{host}, the allocator's reserve on top"]
         out += [f"  {line}" for line in self.data + self.snapshots]
         out += [f"  the planner disagrees, {line}" for line in self.disagreements()]
         return [wrapped for line in out for wrapped in wrap(line)]

@@ -9,7 +9,7 @@ import torch
 from helpers import llmc_shards_of, make_text
 
 from mingpt.char_dataset import DataConfig, in_windows, open_corpus, split_dataset
-from mingpt.cluster_check import shards_read
+from mingpt.cluster_check import shards_read, step_wider_than_a_group
 from mingpt.distributed.process_group import DistEnv
 from mingpt.tokens.data_loader import GlobalOrderSampler, rank_loader
 from mingpt.trainer import TrainerConfig
@@ -48,8 +48,8 @@ def shard_set(folder, ids_per_shard: int, val_windows: int = 100):
     text.write_text(make_text(40_000))
     glob = llmc_shards_of(text, folder / "set", folder / "tokenizer.json", shards=32,
                           ids_per_shard=ids_per_shard, val_ids=val_windows + 16)
-    data = DataConfig(path=glob, val_path=str(folder / "set" / "val.bin"), tokenizer=str(folder / "tokenizer.json"),
-                      block_size=16, shards_at_once=2)
+    data = DataConfig(path=glob, val_path=str(folder / "set" / "val.bin"),
+                      tokenizer=str(folder / "tokenizer.json"), block_size=16, shards_at_once=2)
     dataset, validation = open_corpus(data), open_corpus(data, validation=True)
     return split_dataset(dataset, data, seed=0, validation=validation)
 
@@ -66,9 +66,9 @@ def test_the_shards_each_rank_opens_and_what_its_node_s_cache_is_asked_for(shard
     16,383. Every window is owned once over the ranks; a rank opens the shards its windows lie in, and
     has asked to have each near before (its group's and the next group's, as it enters a group): no
     shard more than twice (a third time on the last rank, whose last position wraps to the epoch's
-    first group), so a remote shard is fetched once per node (by the first of its 8 ranks to ask),
-    unless the cache let it go since, and the 8 ranks of a node together ask for every shard of the set: 32 fetches per node and
-    epoch, 4 per rank."""
+    first group), so a remote shard is fetched once per node (by the first of its 8 ranks to ask)
+    unless the cache let it go since; the 8 ranks of a node together ask for every shard of the set:
+    32 fetches per node and epoch, 4 per rank."""
     train, _ = shards
     split = in_windows(train)
     blocks = split.blocks()
@@ -85,6 +85,22 @@ def test_the_shards_each_rank_opens_and_what_its_node_s_cache_is_asked_for(shard
             node_asked.update(reads.asked)
     assert set(owned) == set(range(len(split)))
     assert node_asked == set(range(32))
+
+
+def test_a_step_wider_than_a_group_of_shards_reads_shards_it_did_not_ask_near(shards):
+    """The same shards with a batch of 4: a rank's batch reaches 3 x 1,024 positions of the order past
+    its first, wider than a group's 1,022 to 1,024, so a batch reads groups it never asked near; the
+    check says so, naming the key and the shards_at_once that would hold it (7: the smallest shard
+    holds 511 whole windows). A batch of 1 reaches no further than its own position."""
+    train, _ = shards
+    split = in_windows(train)
+    sampler = GlobalOrderSampler(len(split), 4, rank(0), shuffle=True, seed=1337, blocks=split.blocks())
+    sampler.set_epoch(1)
+    reads = shards_read(sampler, split)
+    assert not set(reads.opened) <= set(reads.asked)
+    assert step_wider_than_a_group(sampler) == -(-3 * WORLD // min(split.blocks().sizes)) == 7
+    fits = GlobalOrderSampler(len(split), 1, rank(0), shuffle=True, seed=1337, blocks=split.blocks())
+    assert step_wider_than_a_group(fits) == 0
 
 
 def test_an_evaluation_set_smaller_than_the_world_gives_every_rank_one_batch(shards):
