@@ -119,8 +119,9 @@ def test_a_group_killed_mid_run_and_again_while_healing_costs_the_survivor_at_mo
     env = {**SLOW, "FINAL_WEIGHTS": str(weights)}
     survivor = Group(0, tmp_path / "group0.log", overrides, env)
     victim = Group(1, tmp_path / "group1.log", overrides, env)
-    victim.wait_for(r"0, 1 \(2 of 2\)")  # training together (from the start, or once one joined)
-    victim.wait_for(r"\| Iter 40 \|")
+    # Group 0 speaks for the run: once it trains with group 1 (in one quorum a step), so does group 1.
+    survivor.wait_for(r"0, 1 \(2 of 2\)")  # training together (from the start, or once one joined)
+    survivor.wait_for(r"\| Iter 40 \|")
     victim.kill()  # wherever it is in its step
     healing = Group(1, tmp_path / "group1-healing.log", overrides, {**env, "HEAL_DELAY": "3"})
     healing.wait_for("healing: loading")
@@ -178,7 +179,7 @@ def test_under_hsdp_a_group_s_rank_killed_mid_run_heals_the_group_s_shards_from_
     env = {**SLOW, "FINAL_WEIGHTS": str(weights)}
     survivor = Group(0, tmp_path / "group0.log", overrides, env, ranks=2)
     victim = Group(1, tmp_path / "group1.log", overrides, env, ranks=2)
-    victim.wait_for(r"\| Iter 40 \|")
+    survivor.wait_for(r"0, 1 \(2 of 2\)[\s\S]*\| Iter 40 \|")  # group 0 speaks for the run
     (rank_1,) = [worker for worker in psutil.Process(victim.process.pid).children(recursive=True)
                  if worker.environ().get("LOCAL_RANK") == "1"]
     rank_1.kill()
