@@ -16,6 +16,7 @@ configured path, and the metrics beside them: the check writes nothing a run wou
 """
 import copy
 import multiprocessing
+import os
 import tempfile
 import traceback
 from dataclasses import dataclass, replace
@@ -144,6 +145,10 @@ def into_folder(config: TrainConfig, folder: Path) -> TrainConfig:
 
 def check_rank(config: TrainConfig, cluster: CheckedCluster, rank: int) -> RankCheck:
     """Rank `rank` of the run, started in this process on the fake group, and one step of it."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        # One thread: the step is a probe, not a benchmark, and torch's two threads on a 2-core machine
+        # beside other work made it ten times slower (each operation waits for the busier core).
+        torch.set_num_threads(1)
     watch, tc = Stopwatch(), config.trainer_config
     with fake_world(rank, cluster.world_size, cluster.ranks_per_node, tc.process_group_timeout_s) as env:
         try:
