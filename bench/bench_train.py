@@ -71,7 +71,8 @@ from mingpt.common.logger import configure_logging, log
 from mingpt.distributed.parallel import METHODS, gradient_sync
 from mingpt.distributed.precision import resolve_precision
 from mingpt.distributed.process_group import DistEnv, barrier, distributed_session
-from mingpt.model import GPT, PRESETS, GPTConfig, OptimizerConfig
+from mingpt.model import GPT, PRESETS, GPTConfig
+from mingpt.optimizer import OptimizerConfig
 from mingpt.reporting.flops import gpu_peak_flops, matmul_flops_by_size, model_flops_utilization, wait_for
 from mingpt.trainer import Trainer, TrainerConfig
 

@@ -18,7 +18,8 @@ import torch
 from mingpt.char_dataset import CharDataset
 from mingpt.distributed.parallel import local_bytes
 from mingpt.distributed.process_group import DistEnv
-from mingpt.model import GPT, GPTConfig, OptimizerConfig
+from mingpt.model import GPT, GPTConfig
+from mingpt.optimizer import OptimizerConfig
 from mingpt.trainer import Trainer, TrainerConfig
 
 REPO = Path(__file__).resolve().parent.parent

@@ -28,7 +28,8 @@ from mingpt.char_dataset import REPO_ROOT, DataConfig
 from mingpt.common.errors import MinGPTError, check, command, say_line
 from mingpt.common.field_docs import field_docs
 from mingpt.distributed.process_group import said_by_local_rank_zero
-from mingpt.model import GPTConfig, OptimizerConfig
+from mingpt.model import GPTConfig
+from mingpt.optimizer import OptimizerConfig
 from mingpt.reporting.trackers import TrackerConfig
 from mingpt.trainer import TrainerConfig
 

@@ -29,7 +29,7 @@ from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, all_red
 from mingpt.distributed.fault_tolerance import ReplicaSettings, Replicas, plain
 from mingpt.distributed.divergence import SpikeRule
 from mingpt.distributed.guard import RunGuard
-from mingpt.model import OptimizerConfig, create_optimizer, learning_rate_at, set_learning_rate
+from mingpt.optimizer import OptimizerConfig, create_optimizer, learning_rate_at, set_learning_rate
 from mingpt.planning.memory import Placement, check_memory, plan_memory
 from mingpt.reporting import hellaswag_eval
 from mingpt.reporting.metrics import default_metrics_path, replica_group_metrics_path

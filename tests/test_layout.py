@@ -86,8 +86,8 @@ def test_every_command_starts_from_inside_mingpt():
         assert said[command].startswith(("usage:", "Train a GPT")), said
 
 
-LAYERS = ("common", "model", "distributed", "tokens", "storage", "reporting", "planning")
-"""mingpt's packages (and model.py) from the ground up, as docs/ARCHITECTURE.md draws them. The
+LAYERS = ("common", "model", "optimizer", "distributed", "tokens", "storage", "reporting", "planning")
+"""mingpt's packages (and model.py, optimizer.py) from the ground up, as docs/ARCHITECTURE.md draws them. The
 original's files and the commands at the top of mingpt/ stand on all of them."""
 
 COMMANDS = ("convert_snapshot", "export_hf", "generate", "hellaswag", "launch", "main", "model_size", "plan",
@@ -129,7 +129,7 @@ def project_imports(path, mingpt) -> set[str]:
 
 
 def layer_of(module: str, mingpt) -> Optional[int]:
-    """A module's layer: its package's (or model.py's) place in LAYERS, the top for the files at the top
+    """A module's layer: its package's (or model.py's, optimizer.py's) place in LAYERS, the top for the files at the top
     of mingpt/ (the original's and the commands), None for a folder the layers do not name."""
     name = module.split(".")[1]
     if name in LAYERS:
@@ -158,7 +158,7 @@ def unlayered_packages(mingpt) -> list[str]:
     package of mingpt/ (model.py aside)."""
     folders = {path.parent.relative_to(mingpt).parts[0] for path in mingpt.glob("*/**/*.py")}
     packages = {name for name in LAYERS if (mingpt / name / "__init__.py").exists()}
-    return sorted((folders - set(LAYERS)) | (set(LAYERS) - packages - {"model"}))
+    return sorted((folders - set(LAYERS)) | (set(LAYERS) - packages - {"model", "optimizer"}))
 
 
 def command_imports(mingpt) -> list[str]:
@@ -200,8 +200,8 @@ def test_the_layers_are_those_of_architecture_md():
     (`storage.snapshot`)."""
     text = (REPO / "docs" / "ARCHITECTURE.md").read_text()
     drawing = text[text.index("```\nmingpt/"):].split("\n```")[0]
-    drawn = [f"{name}/" for name in LAYERS if name != "model"]
-    drawn += [f"{name}.py" for name in ("model", *COMMANDS)]
+    drawn = [f"{name}/" for name in LAYERS if name not in ("model", "optimizer")]
+    drawn += [f"{name}.py" for name in ("model", "optimizer", *COMMANDS)]
     assert [name for name in drawn if not re.search(rf"(^|\s){re.escape(name)}(\s|$)", drawing, re.M)] == []
     rows = documented_layers()
     assert sorted((layer, package) for layer, package, _ in rows) == list(enumerate(LAYERS, start=1))

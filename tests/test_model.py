@@ -6,19 +6,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mingpt.common.errors import ConfigError
-from mingpt.model import (
-    GPT,
+from mingpt.model import GPT, PRESETS, GPTConfig, causal_attention, dropout, keep_mask, parameter_seed
+from mingpt.optimizer import (
     MUON_GROUP,
-    PRESETS,
-    GPTConfig,
     OptimizerConfig,
-    causal_attention,
     create_optimizer,
-    dropout,
-    keep_mask,
     learning_rate_at,
     parameter_groups,
-    parameter_seed,
     set_learning_rate,
 )
 

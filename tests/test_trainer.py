@@ -82,7 +82,8 @@ def test_mfu_is_held_against_the_peak_of_the_precision_in_use(monkeypatch, tmp_p
     from mingpt.char_dataset import CharDataset
     from mingpt.distributed import precision
     from mingpt.distributed.process_group import DistEnv
-    from mingpt.model import GPT, GPTConfig, OptimizerConfig
+    from mingpt.model import GPT, GPTConfig
+    from mingpt.optimizer import OptimizerConfig
     from mingpt.reporting import flops
     from mingpt.trainer import Trainer, TrainerConfig
 
@@ -169,7 +170,8 @@ def test_evaluation_runs_without_gradients_and_without_dropout(tmp_path, world_o
     from helpers import make_text
 
     from mingpt.char_dataset import CharDataset, DataConfig, split_dataset
-    from mingpt.model import GPT, GPTConfig, OptimizerConfig
+    from mingpt.model import GPT, GPTConfig
+    from mingpt.optimizer import OptimizerConfig
     from mingpt.trainer import Trainer, TrainerConfig
 
     dataset = CharDataset(make_text(800), 8)

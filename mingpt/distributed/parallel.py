@@ -329,7 +329,7 @@ def restore_full_state(
 
 
 OPTIMIZER_BUILD_FLAGS = ("fused", "foreach", "capturable", "differentiable")
-"""How an optimizer computes its step, chosen for the run that builds it (model.create_optimizer)."""
+"""How an optimizer computes its step, chosen for the run that builds it (optimizer.create_optimizer)."""
 
 
 def restore_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict,

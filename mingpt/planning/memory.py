@@ -37,7 +37,8 @@ import torch
 
 from mingpt.common.errors import ConfigError
 from mingpt.distributed.process_group import DistEnv, all_gather_objects
-from mingpt.model import GPTConfig, hidden_matrices, meta_model
+from mingpt.model import GPTConfig, meta_model
+from mingpt.optimizer import hidden_matrices
 from mingpt.planning.step_trace import Point, TraceKey, block_parameters, trace_step
 
 FP32 = 4

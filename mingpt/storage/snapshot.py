@@ -28,7 +28,8 @@ import torch.nn as nn
 
 from mingpt.common import files
 from mingpt.common.errors import SnapshotError, short_reason
-from mingpt.model import MUON_GROUP, VOCABULARY_WEIGHTS, padded_vocab_size
+from mingpt.model import VOCABULARY_WEIGHTS, padded_vocab_size
+from mingpt.optimizer import MUON_GROUP
 
 TRAINING_KEY = "trainer_config.snapshot_path"
 """What the user sets to point at snapshots; error messages name it (a command may name its own)."""

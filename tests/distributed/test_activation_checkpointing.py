@@ -11,7 +11,8 @@ from mingpt.common.errors import ConfigError
 from mingpt.distributed.activation_checkpointing import saved_activations
 from mingpt.distributed.precision import Precision
 from mingpt.distributed.process_group import DistEnv
-from mingpt.model import GPT, GPTConfig, OptimizerConfig
+from mingpt.model import GPT, GPTConfig
+from mingpt.optimizer import OptimizerConfig
 
 CPU = torch.device("cpu")
 

@@ -222,7 +222,8 @@ def small_trainer(tmp_path, monkeypatch, force_fp16=False, method="ddp"):
     from mingpt import trainer as trainer_module
     from mingpt.char_dataset import CharDataset
     from mingpt.distributed.process_group import DistEnv
-    from mingpt.model import GPT, GPTConfig, OptimizerConfig
+    from mingpt.model import GPT, GPTConfig
+    from mingpt.optimizer import OptimizerConfig
 
     if force_fp16:
         monkeypatch.setattr(trainer_module, "resolve_precision",

@@ -180,7 +180,8 @@ def test_a_run_with_compile_posts_its_compilations_as_the_compile_phase(world_of
 
     from helpers import make_text
     from mingpt.char_dataset import CharDataset
-    from mingpt.model import GPT, GPTConfig, OptimizerConfig
+    from mingpt.model import GPT, GPTConfig
+    from mingpt.optimizer import OptimizerConfig
     from mingpt.reporting import flops
     from mingpt.trainer import Trainer, TrainerConfig
 

@@ -33,7 +33,8 @@ from torch.distributed.checkpoint.state_dict import (
 from mingpt.cluster_check import in_a_child, preload
 from mingpt.distributed.parallel import Parallelism, parallelize, restore_optimizer_state
 from mingpt.distributed.precision import Precision
-from mingpt.model import GPT, GPTConfig, OptimizerConfig, create_optimizer
+from mingpt.model import GPT, GPTConfig
+from mingpt.optimizer import OptimizerConfig, create_optimizer
 from mingpt.planning.check import fake_world
 from mingpt.storage.sharded_store import SafeReader, _sharded_state, rank_share
 

@@ -8,7 +8,8 @@ from mingpt.common.errors import SnapshotError
 from mingpt.distributed.control import Decision
 from mingpt.distributed.divergence import Health
 from mingpt.distributed.process_group import DistEnv
-from mingpt.model import GPT, GPTConfig, OptimizerConfig, create_optimizer
+from mingpt.model import GPT, GPTConfig
+from mingpt.optimizer import OptimizerConfig, create_optimizer
 from mingpt.storage.checkpointer import Checkpointer, SnapshotPolicy
 from mingpt.storage.snapshot import Progress
 

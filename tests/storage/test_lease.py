@@ -144,7 +144,8 @@ def test_a_run_whose_lease_another_run_took_over_saves_no_more(tmp_path, monkeyp
     next save writes nothing and raises the one line, and the other run's lease is left as it is."""
     import torch
 
-    from mingpt.model import GPT, GPTConfig, OptimizerConfig, create_optimizer
+    from mingpt.model import GPT, GPTConfig
+    from mingpt.optimizer import OptimizerConfig, create_optimizer
     from mingpt.storage.checkpointer import Checkpointer, SnapshotPolicy
     from mingpt.storage.snapshot import Progress, read_snapshot
 

@@ -9,7 +9,8 @@ import torch
 from helpers import assert_ok, one_error_line, run_main_in_process, sha256, tiny_overrides
 
 from mingpt.common.errors import SnapshotError
-from mingpt.model import GPT, GPTConfig, OptimizerConfig, create_optimizer
+from mingpt.model import GPT, GPTConfig
+from mingpt.optimizer import OptimizerConfig, create_optimizer
 from mingpt.storage.sharded_store import ShardedSnapshotStore
 from mingpt.storage.snapshot import Snapshot
 from mingpt.storage.store import FullStateStore

@@ -18,7 +18,8 @@ from mingpt.common import files
 from mingpt.common.errors import SnapshotError
 from mingpt.distributed.stragglers import StepClock
 from mingpt.distributed.watchdog import RunWatchdog
-from mingpt.model import GPT, GPTConfig, OptimizerConfig, create_optimizer
+from mingpt.model import GPT, GPTConfig
+from mingpt.optimizer import OptimizerConfig, create_optimizer
 from mingpt.storage.checkpointer import Checkpointer, SnapshotPolicy
 from mingpt.storage.snapshot import Progress, sharded_entries
 

@@ -30,7 +30,8 @@ from mingpt.distributed import cpu_collectives
 from mingpt.distributed.activation_checkpointing import saved_activations
 from mingpt.distributed.parallel import gather_full_state
 from mingpt.distributed.process_group import distributed_session
-from mingpt.model import GPT, GPTConfig, OptimizerConfig
+from mingpt.model import GPT, GPTConfig
+from mingpt.optimizer import OptimizerConfig
 from mingpt.reporting import run_report
 from mingpt.trainer import Trainer, TrainerConfig
 

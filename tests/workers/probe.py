@@ -17,7 +17,8 @@ from mingpt.common import files
 from mingpt.common.logger import configure_logging
 from mingpt.distributed.parallel import gather_full_state, is_sharded, local_parameter_bytes, unwrap
 from mingpt.distributed.process_group import distributed_session
-from mingpt.model import GPT, GPTConfig, OptimizerConfig
+from mingpt.model import GPT, GPTConfig
+from mingpt.optimizer import OptimizerConfig
 from mingpt.trainer import Trainer, TrainerConfig
 
 SNAPSHOTS = "memory://probe"  # each process has its own in-memory filesystem

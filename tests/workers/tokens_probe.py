@@ -18,7 +18,8 @@ from mingpt.char_dataset import DataConfig
 from mingpt.common.logger import configure_logging
 from mingpt.distributed.process_group import barrier, distributed_session
 from mingpt.main import get_train_objs, train
-from mingpt.model import GPTConfig, OptimizerConfig
+from mingpt.model import GPTConfig
+from mingpt.optimizer import OptimizerConfig
 from mingpt.run_config import TrainConfig
 from mingpt.trainer import Trainer, TrainerConfig
 
