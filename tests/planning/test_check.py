@@ -73,8 +73,8 @@ def test_gpt2_at_512_ranks(capsys):
 
 @pytest.mark.parametrize("arguments, line", [
     (["--nodes", "64", "--gpus-per-node", "8"],  # batch 216 x 512 ranks: more than the 50,076 samples
-     "error: [rank 0 of 512] trainer_config.batch_size: a step of 110,592 samples (216 x 1 accumulation x 512 "
-     "process(es)) is more than the 50,076 training samples; use at most 97, or more data"),
+     "error: [rank 0 of 512] trainer_config.batch_size: a step of 110,592 samples (216 x 1 accumulation x "
+     "512 process(es)) is more than the 50,076 training samples; use at most 97, or more data"),
     (["--nodes", "2", "--gpus-per-node", "8", "gpt_config.model_type=gpt2-xl", "gpt_config.n_layer=null",
       "gpt_config.n_head=null", "gpt_config.n_embd=null"],
      "error: [rank 0 of 16] trainer_config.distributed_method: ddp needs about "),
@@ -110,8 +110,8 @@ def test_the_planner_counts_fsdp2_s_padded_chunks_for_every_rank():
 
 @pytest.mark.slow
 def test_runs_as_a_script_from_inside_mingpt():
-    result = run([sys.executable, "plan.py", "--check", "--nodes", "2", "--gpus-per-node", "2", "--ranks", "3",
-                  "trainer_config.batch_size=2", "gpt_config.n_layer=1", "trainer_config.distributed_method=fsdp"],
-                 cwd=MINGPT)
+    result = run([sys.executable, "plan.py", "--check", "--nodes", "2", "--gpus-per-node", "2", "--ranks",
+                  "3", "trainer_config.batch_size=2", "gpt_config.n_layer=1",
+                  "trainer_config.distributed_method=fsdp"], cwd=MINGPT)
     assert result.returncode == 0, one_error_line(result)
     assert "rank 3 of 4 (node 1, local rank 1)" in result.stdout
