@@ -63,19 +63,22 @@ def overrides(model: str, method: str, batch_size: int) -> list[str]:
             f"trainer_config.cpu_offload={bool(offload)}", f"trainer_config.batch_size={batch_size}"]
 
 
-def too_large_for_ddp(config, limit_gb: float) -> bool:
+def ddp_bytes(config) -> int:
+    """What a rank holds under ddp with its buckets (activations aside)."""
     from dataclasses import replace
 
     from mingpt.planning.memory import model_sizes
     sized = replace(config.gpt_config, vocab_size=59, block_size=config.data_config.block_size)
-    return model_sizes(sized).total * DDP_BYTES_PER_PARAMETER > limit_gb * 1e9
+    return model_sizes(sized).total * DDP_BYTES_PER_PARAMETER
 
 
 def measure(model: str, world: int, method: str, args) -> list[dict]:
     config = from_command_line(overrides(model, method, args.batch_size), "bench_check.py")
-    if method == "ddp" and too_large_for_ddp(config, args.ddp_limit_gb):
+    needed = ddp_bytes(config)
+    if method == "ddp" and needed > args.ddp_limit_gb * 1e9:
         return [{"model": model, "world": world, "method": method, "skipped":
-                 f"a whole copy with its buckets is more than {args.ddp_limit_gb:g} GB (--ddp-limit-gb)"}]
+                 f"a whole copy with its buckets is {needed / 1e9:.1f} GB, more than --ddp-limit-gb "
+                 f"{args.ddp_limit_gb:g}"}]
     ranks = [0, world - 1] if method.startswith("fsdp") and model in args.last_rank.split(",") else [0]
     cluster = CheckedCluster(world // RANKS_PER_NODE, RANKS_PER_NODE, H100)
     start = time.perf_counter()
@@ -118,6 +121,44 @@ HEADER = (f"{'model':<11} {'world':>5} {'method':<12} {'rank':>5} {'parameters':
           f"{'optimizer':>16} {'activations':>16} {'ok':>4} {'time':>6}")
 
 
+def even_share(row: dict) -> tuple[int, int]:
+    """What the planner said before it counted FSDP2's chunks: an even share of the parameters
+    (total / ranks) and twice that of AdamW state (no step counts)."""
+    from dataclasses import replace
+
+    from mingpt.planning.memory import model_sizes
+    config = from_command_line(overrides(row["model"], row["method"], 1), "bench_check.py")
+    total = model_sizes(replace(config.gpt_config, vocab_size=59, block_size=128)).total
+    name = row["method"].partition("+")[0]
+    shards = {"ddp": 1, "fsdp": row["world"], "hsdp": RANKS_PER_NODE}[name]
+    parameters = -(-4 * total // shards)
+    return parameters, 2 * parameters
+
+
+def markdown(rows: list[dict]) -> str:
+    """The committed table (docs/performance.md): measured bytes, the planner's error, and the even
+    share's error before the planner counted FSDP2's chunks."""
+    lines = ["| model | ranks | method | rank | parameters | gradients | AdamW state | activations | "
+             "before: parameters, AdamW |", "|---|---|---|---|---|---|---|---|---|"]
+    order = {name: index for index, name in enumerate((*MODELS, *METHODS))}
+    def key(row: dict) -> tuple:
+        return order[row["model"]], row["world"], order[row["method"]], row.get("rank", 0)
+
+    for row in sorted(rows, key=key):
+        if "measured" not in row:
+            lines.append(f"| {row['model']} | {row['world']:,} | {row['method']} | | not run: "
+                         f"{row.get('skipped') or row.get('refused')} | | | | |")
+            continue
+        cells = [f"{gb(row['measured'][name])} ({100 * row['errors'][name]:+.1f}%)"
+                 for name in ("parameters", "gradients", "optimizer", "activations")]
+        parameters, moments = even_share(row)
+        before = (f"{100 * (parameters / row['measured']['parameters'] - 1):+.1f}%, "
+                  f"{100 * (moments / row['measured']['optimizer'] - 1):+.1f}%")
+        lines.append(f"| {row['model']} | {row['world']:,} | {row['method']} | {row['rank']} | "
+                     f"{' | '.join(cells)} | {before} |")
+    return "\n".join(lines)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -133,14 +174,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--last-rank", default=",".join(MODELS),
                         help="models whose last rank is measured too under fsdp (its optimizer state is "
                         "shorter)")
-    parser.add_argument("--ddp-limit-gb", type=float, default=12.0,
+    parser.add_argument("--ddp-limit-gb", type=float, default=17.0,
                         help="run ddp only where a whole copy with its buckets fits in this")
     parser.add_argument("--json", type=Path, default=RESULTS / "check.json")
+    parser.add_argument("--markdown", action="store_true", help="print the table of --json's rows, and stop")
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.markdown:
+        print(markdown(json.loads(args.json.read_text())["rows"]))
+        return
     rows, done = [], set()
     if args.json.exists():  # a grid interrupted goes on where it stopped
         rows = json.loads(args.json.read_text()).get("rows", [])

@@ -14,7 +14,6 @@ model and optimizer built and sharded by the project's own code (parallel.parall
 model.create_optimizer), its share of the state as the sharded store writes it (sharded_store's
 _sharded_state and rank_share).
 """
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +70,7 @@ def planned_share(world: World, rank: int, folder: str, central=None):
     """Rank `rank`'s part of a save. Without central: dcp.save's local_step (its planner's and writer's
     plan of its share, as the sharded store deals it). With the plan rank 0 made for it: its
     write_data, which writes its file and returns what it wrote."""
+    torch.set_num_threads(1)  # as plan.py --check's ranks (two threads beside other work: ten times slower)
     with fake_world(rank, world.size, world.per_node, 60) as env:
         model, optimizer = rank_state(world, rank, env)
         tensors, _ = _sharded_state(model, optimizer)
@@ -95,7 +95,8 @@ def save_as_a_world(world: World, folder: Path) -> None:
     writer.set_up_storage_writer(True, rank=0, use_collectives=True)
     central, metadata = planner.create_global_plan(plans)
     central = writer.prepare_global_plan(central)
-    results = [in_a_child(planned_share, world, rank, str(folder), central[rank]) for rank in range(world.size)]
+    results = [in_a_child(planned_share, world, rank, str(folder), central[rank])
+               for rank in range(world.size)]
     writer.finish(metadata=metadata, results=results)
 
 
@@ -104,6 +105,7 @@ def resumed(world: World, rank: int, folder: str) -> tuple[list[str], bool]:
     the files it read, and whether it then holds what a run of this world would: its rows (FSDP2's
     chunks of ceil(rows / shards)) of the whole model's state after the same step, made here without
     any sharding."""
+    torch.set_num_threads(1)
     whole = whole_state()
     with fake_world(rank, world.size, world.per_node, 60) as env:
         with torch.device("meta"):
@@ -121,13 +123,17 @@ def resumed(world: World, rank: int, folder: str) -> tuple[list[str], bool]:
         reader.fs.create_stream = recorded
         dcp.load(tensors, storage_reader=reader, no_dist=True)
         set_model_state_dict(model, tensors["model"])
-        restore_optimizer_state(model, optimizer, {"state": tensors["optimizer"], "param_groups": param_groups})
-        index, shards = (rank % world.per_node, world.per_node) if world.method == "hsdp" else (rank, world.size)
+        restore_optimizer_state(model, optimizer, {"state": tensors["optimizer"],
+                                                   "param_groups": param_groups})
+        hsdp = world.method == "hsdp"
+        index, shards = (rank % world.per_node, world.per_node) if hsdp else (rank, world.size)
         held = _sharded_state(model, optimizer)[0]
         mine = {("model", fqn): value for fqn, value in held["model"].items()}
-        mine.update({(fqn, key): value for fqn, state in held["optimizer"].items() for key, value in state.items()})
+        mine.update({(fqn, key): value for fqn, state in held["optimizer"].items()
+                     for key, value in state.items()})
         same = mine.keys() == whole.keys() and all(
-            torch.equal(local(value), whole[key][rows(whole[key], index, shards)]) for key, value in mine.items())
+            torch.equal(local(value), whole[key][rows(whole[key], index, shards)])
+            for key, value in mine.items())
         return sorted(set(read)), same
 
 
@@ -166,22 +172,24 @@ def snapshot(tmp_path_factory) -> Path:
 
 def test_a_world_of_64_leaves_a_file_per_rank_and_rank_0_s_index(snapshot):
     """64 ranks leave 64 shard files, __0_0.distcp to __63_0.distcp, and the index (.metadata): every
-    parameter and AdamW moment cut in the 64 chunks FSDP2 gives (a chunk of ceil(rows / 64) rows per
-    rank, the ranks past the rows with none), each chunk in the file of the rank that holds it."""
+    parameter and AdamW moment cut as FSDP2 cuts it (chunks of ceil(rows / 64) rows, one per rank that
+    holds rows), each chunk in the file of the rank that holds it, and every file holding some."""
     names = sorted(path.name for path in snapshot.iterdir())
-    assert names == sorted([".metadata", *(f"__{rank}_0.distcp" for rank in range(SAVED_WORLD))])
+    files = [f"__{rank}_0.distcp" for rank in range(SAVED_WORLD)]
+    assert names == sorted([".metadata", *files])
     metadata = SafeReader(str(snapshot)).read_metadata()
-    weight = "model.blocks.0.attn.c_attn.weight" if "model.blocks.0.attn.c_attn.weight" in \
-        metadata.state_dict_metadata else next(key for key in metadata.state_dict_metadata if key.endswith("weight"))
-    chunks = metadata.state_dict_metadata[weight].chunks
-    rows = metadata.state_dict_metadata[weight].size[0]
-    per_rank = -(-rows // SAVED_WORLD)
-    assert sorted(chunk.offsets[0] for chunk in chunks) == list(range(0, rows, per_rank))
-    files = Counter(info.relative_path for info in metadata.storage_data.values())
-    assert set(files) == {f"__{rank}_0.distcp" for rank in range(SAVED_WORLD) if files.get(f"__{rank}_0.distcp")}
-    for index, info in metadata.storage_data.items():
-        if index.fqn == weight:
-            assert info.relative_path == f"__{index.offset[0] // per_rank}_0.distcp", (index, info)
+    sharded = {fqn: entry for fqn, entry in metadata.state_dict_metadata.items() if entry.size}
+    assert {fqn.split(".")[0] for fqn in sharded} == {"model", "optimizer"}
+    for fqn, entry in sharded.items():
+        rows = entry.size[0]
+        per_rank = -(-rows // SAVED_WORLD)
+        held = sorted(chunk.offsets[0] for chunk in entry.chunks if chunk.sizes[0])
+        assert held == list(range(0, rows, per_rank)), fqn
+        for chunk in entry.chunks:
+            if chunk.sizes[0]:
+                where = metadata.storage_data[MetadataIndex(fqn, chunk.offsets)].relative_path
+                assert where == f"__{chunk.offsets[0] // per_rank}_0.distcp", (fqn, chunk)
+    assert {info.relative_path for info in metadata.storage_data.values()} == set(files)
 
 
 @pytest.mark.parametrize("world", [World("fsdp", 32, 8), World("hsdp", 32, 8)], ids=["fsdp-32", "hsdp-4x8"])
@@ -193,7 +201,8 @@ def test_a_smaller_world_resumes_it_reading_only_what_it_needs(snapshot, world):
     model of 15 tensors spreads them over 15 files, each read by every rank that resumes), and no
     other file; it then holds exactly what a run of its own world holds after the same step."""
     metadata = SafeReader(str(snapshot)).read_metadata()
-    steps = {info.relative_path for index, info in metadata.storage_data.items() if index.fqn.endswith(".step")}
+    steps = {info.relative_path for index, info in metadata.storage_data.items()
+             if index.fqn.endswith(".step")}
     shards = world.size if world.method == "fsdp" else world.per_node
     for rank in (0, world.size // 2 + 1, world.size - 1):
         read, same = in_a_child(resumed, world, rank, str(snapshot))
