@@ -24,7 +24,7 @@
    - a config mistake (trainer_config.batch_size=0) and a user's error only the groups can see (a
      data_config.path that does not exist): seconds to the end, lines printed, error lines, restarts;
    - a group that cannot reach its lighthouse (nothing listens at its address), started alone: seconds
-     until it says so, against ft_timeout_s (--ft-timeout).
+     until it says so, against fault_tolerance_config.timeout_s (--ft-timeout).
 Further arguments are Hydra overrides for every run (a smaller model, for a quick look).
 Writes bench/results/fault_tolerance.json.
 """
@@ -170,7 +170,7 @@ def rank_one_worker(run: Run, mode: str) -> psutil.Process:
             continue
         if "torch.distributed.run" in command or "main.py" not in command:
             continue
-        if (mode == "ft" and "ft_replica_group=1" in command) or (mode == "elastic" and environment.get("RANK") == "1"):
+        if (mode == "ft" and "fault_tolerance_config.replica_group=1" in command) or (mode == "elastic" and environment.get("RANK") == "1"):
             return process
     raise RuntimeError(f"no worker to kill in the {mode} run; see {run.log.name}")
 
@@ -193,7 +193,7 @@ def failure(args: argparse.Namespace, folder: Path, mode: str) -> dict:
     snapshot = folder / f"failure_{mode}.pt"
     steps = args.kill_at + args.after_kill
     run = Run(launch(mode, overrides(args, snapshot, steps, **{"trainer_config.save_every_steps": args.save_every,
-                                                                 "trainer_config.ft_timeout_s": args.ft_timeout})),
+                                                                 "fault_tolerance_config.timeout_s": args.ft_timeout})),
               folder / f"failure_{mode}.log")
     prefix = prefix_of(mode)
     run.wait_until(lambda: killing_time(run, mode, args.kill_at) is not None, timeout=1800)
@@ -247,7 +247,7 @@ def lighthouse_killed(args: argparse.Namespace, folder: Path) -> dict:
     snapshot = folder / "lighthouse.pt"
     run = Run(launch("ft", overrides(args, snapshot, args.kill_at * 100,
                                      **{"trainer_config.save_every_steps": args.save_every,
-                                        "trainer_config.ft_timeout_s": args.ft_timeout})),
+                                        "fault_tolerance_config.timeout_s": args.ft_timeout})),
               folder / "lighthouse.log")
     run.wait_until(lambda: killing_time(run, "ft", args.kill_at) is not None, timeout=1800)
     lighthouse = int(re.match(r"Lighthouse: \S+ \(pid (\d+)\)", run.text).group(1))
@@ -277,15 +277,15 @@ def lighthouse_unreachable(args: argparse.Namespace, folder: Path) -> dict:
         probe.bind(("127.0.0.1", 0))
         nowhere = f"http://127.0.0.1:{probe.getsockname()[1]}"
     settings = overrides(args, folder / "unreachable.pt", 10, **{
-        "trainer_config.fault_tolerant": True, "trainer_config.ft_lighthouse": nowhere,
-        "trainer_config.ft_replica_groups": 2, "trainer_config.ft_timeout_s": args.ft_timeout})
+        "fault_tolerance_config.enabled": True, "fault_tolerance_config.lighthouse": nowhere,
+        "fault_tolerance_config.replica_groups": 2, "fault_tolerance_config.timeout_s": args.ft_timeout})
     run = Run([sys.executable, str(MINGPT / "main.py"), *settings], folder / "unreachable.log")
     run.wait_until(lambda: "Data has" in run.text, timeout=600)  # the Manager connects next
     connecting = time.monotonic()
     status = run.finish(timeout=600)
     row = {"exit_status": status, "seconds_until_said": run.lines[-1][0] - connecting,
-           "ft_timeout_s": args.ft_timeout, "said": run.lines[-1][1].strip()}
-    print(f"lighthouse unreachable: said after {row['seconds_until_said']:.1f} s (ft_timeout_s "
+           "fault_tolerance_config.timeout_s": args.ft_timeout, "said": run.lines[-1][1].strip()}
+    print(f"lighthouse unreachable: said after {row['seconds_until_said']:.1f} s (fault_tolerance_config.timeout_s "
           f"{args.ft_timeout:g}), exit {status}", flush=True)
     return row
 
@@ -303,7 +303,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--kill-at", type=int, default=30)
     parser.add_argument("--after-kill", type=int, default=20,
                         help="steps the run goes on after --kill-at (the lost group must be back before the end)")
-    parser.add_argument("--ft-timeout", type=float, default=30.0, help="trainer_config.ft_timeout_s")
+    parser.add_argument("--ft-timeout", type=float, default=30.0, help="fault_tolerance_config.timeout_s")
     parser.add_argument("--json", type=Path, default=RESULTS / "fault_tolerance.json")
     args, args.overrides = parser.parse_known_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="bench-ft-"))

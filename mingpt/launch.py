@@ -14,7 +14,7 @@ snapshot was written at the stop and exits with status 1.
 
     python launch.py --replica-groups N [--nproc N] [--min-replica-groups M] [hydra overrides ...]
 
-A fault-tolerant run on this machine (trainer_config.fault_tolerant; docs/distributed.md): the config
+A fault-tolerant run on this machine (fault_tolerance_config.enabled; docs/distributed.md): the config
 checked once, torchft's lighthouse on 127.0.0.1 (its address and command printed first), then one
 launcher as above per replica group, each starting its workers again after a failure (--max-restarts)
 so that a lost group comes back and heals from the others. One group speaks for the run (the lowest
@@ -228,15 +228,15 @@ def run_replica_groups(groups: int, min_groups: int, max_restarts: int, nproc: O
     devices = group_devices(groups)
     nproc = nproc or (len(devices[0]) if devices else 1)
     address, lighthouse = start_lighthouse(min_groups)
-    ft = ["trainer_config.fault_tolerant=true", f"trainer_config.ft_lighthouse={address}",
-          f"trainer_config.ft_replica_groups={groups}", f"trainer_config.ft_min_replica_groups={min_groups}"]
+    ft = ["fault_tolerance_config.enabled=true", f"fault_tolerance_config.lighthouse={address}",
+          f"fault_tolerance_config.replica_groups={groups}", f"fault_tolerance_config.min_replica_groups={min_groups}"]
     replicas, chorus = [], Chorus()
     try:
         for group in range(groups):
             # The user's arguments first: Hydra takes its options (--config-name) only before the overrides.
             launcher = [sys.executable, __file__, f"--nproc={nproc}", f"--max-restarts={max_restarts}",
                         f"--replica-group={group}", f"--lighthouse={address}", *overrides, *ft,
-                        f"trainer_config.ft_replica_group={group}"]
+                        f"fault_tolerance_config.replica_group={group}"]
             visible = {"CUDA_VISIBLE_DEVICES": ",".join(devices[group])} if devices else {}
             # A session of its own: a Ctrl-C at the terminal reaches the group once, passed on from here
             # (a second would quit it without a snapshot).
@@ -269,8 +269,8 @@ def check_config(groups: int, min_groups: int, overrides: list[str]) -> None:
             return
         else:
             keys.append(item)
-    from_command_line([*keys, "trainer_config.fault_tolerant=true", f"trainer_config.ft_replica_groups={groups}",
-                       f"trainer_config.ft_min_replica_groups={min_groups}"], "launch.py", config_name)
+    from_command_line([*keys, "fault_tolerance_config.enabled=true", f"fault_tolerance_config.replica_groups={groups}",
+                       f"fault_tolerance_config.min_replica_groups={min_groups}"], "launch.py", config_name)
 
 
 def group_devices(groups: int) -> list[list[str]]:

@@ -27,6 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 from mingpt.char_dataset import REPO_ROOT, DataConfig
 from mingpt.common.errors import MinGPTError, check, command, say_line
 from mingpt.common.field_docs import field_docs
+from mingpt.distributed.fault_tolerance import FaultToleranceConfig
 from mingpt.distributed.process_group import said_by_local_rank_zero
 from mingpt.model import GPTConfig
 from mingpt.optimizer import OptimizerConfig
@@ -36,13 +37,14 @@ from mingpt.trainer import TrainerConfig
 
 @dataclass
 class TrainConfig:
-    """The whole config: the original's four groups, and the run trackers'."""
+    """The whole config: the original's four groups, the run trackers' and fault tolerance's."""
 
     data_config: DataConfig = field(default_factory=DataConfig)
     gpt_config: GPTConfig = field(default_factory=GPTConfig)
     trainer_config: TrainerConfig = field(default_factory=TrainerConfig)
     optimizer_config: OptimizerConfig = field(default_factory=OptimizerConfig)
     tracker_config: TrackerConfig = field(default_factory=TrackerConfig)
+    fault_tolerance_config: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
 
     def __post_init__(self) -> None:
         derived_keys = (("vocab_size", "the data's tokenizer"), ("block_size", "data_config.block_size"))
@@ -53,6 +55,7 @@ class TrainConfig:
               "optimizer_config.name", f"muon orthogonalises each whole weight matrix, which "
               f"{self.trainer_config.distributed_method} shards over the ranks; use "
               "trainer_config.distributed_method=ddp, or optimizer_config.name=adamw")
+        self.fault_tolerance_config.check_method(self.trainer_config.distributed_method)
 
 
 CONFIG_DIR = Path(__file__).resolve().parent
@@ -80,11 +83,26 @@ def check_known_keys(node: DictConfig, prefix: str = "") -> None:
     schema = OmegaConf.get_type(node)
     fields = {f.name: f for f in dataclasses.fields(schema)}
     for key in node:
+        check_not_moved(f"{prefix}{key}")
         check(key in fields, f"{prefix}{key}", f"is not a key of {schema.__name__}, so nothing would read "
               f"it{did_you_mean(prefix, key, fields)} (a leading + adds a key); `python main.py --cfg job` "
               "prints every key")
         if dataclasses.is_dataclass(fields[key].type):
             check_known_keys(node[key], f"{prefix}{key}.")
+
+
+MOVED_KEYS = {
+    "trainer_config.fault_tolerant": "fault_tolerance_config.enabled",
+    **{f"trainer_config.ft_{key}": f"fault_tolerance_config.{key}"
+       for key in ("lighthouse", "replica_group", "replica_groups", "min_replica_groups", "timeout_s",
+                   "quorum_timeout_s")},
+}
+"""Keys of earlier releases and where they are now: refused by name, with the new one."""
+
+
+def check_not_moved(key: str) -> None:
+    moved = MOVED_KEYS.get(key.lstrip("+"))
+    check(moved is None, key.lstrip("+"), f"moved to {moved}; set that instead")
 
 
 def did_you_mean(prefix: str, key: str, known: Sequence[str]) -> str:
@@ -98,6 +116,7 @@ def check_overrides(overrides: Sequence[str]) -> None:
     keys, additions (+key) and deletions (~key) are left to Hydra."""
     for override in overrides:
         key = override.split("=", 1)[0]
+        check_not_moved(key)
         if "=" not in override or key.startswith(("+", "~", "hydra.")) or key.startswith("-"):
             continue
         node, prefix = TrainConfig, ""

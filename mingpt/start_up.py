@@ -86,5 +86,5 @@ def start_trainer(config: TrainConfig, env: DistEnv, objects: TrainObjects) -> t
     batch, data and snapshot lines)."""
     model, dataset, train_set, test_set = objects
     trainer = Trainer(config.trainer_config, model, config.optimizer_config, train_set, test_set,
-                      dataset.vocabulary, env, sample_order(config, dataset))
+                      dataset.vocabulary, env, sample_order(config, dataset), config.fault_tolerance_config)
     return trainer, trainer.summary(describe_data(config.data_config, dataset, train_set, test_set))

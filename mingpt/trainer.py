@@ -26,7 +26,7 @@ from mingpt.distributed import control, parallel
 from mingpt.distributed.activation_checkpointing import CHECKPOINTING_MODES, checkpoint_blocks
 from mingpt.distributed.precision import AMP_DTYPES, resolve_precision
 from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, all_reduce_sum, first_said
-from mingpt.distributed.fault_tolerance import ReplicaSettings, Replicas, plain
+from mingpt.distributed.fault_tolerance import FaultToleranceConfig, Replicas, plain
 from mingpt.distributed.divergence import SpikeRule
 from mingpt.distributed.guard import RunGuard
 from mingpt.optimizer import OptimizerConfig, create_optimizer, learning_rate_at, set_learning_rate
@@ -152,28 +152,6 @@ class TrainerConfig:
     process_group_timeout_s: float = DEFAULT_TIMEOUT_S
     """How long a collective waits for the slowest rank before failing the run; it must cover rank
     0 writing a single-file snapshot alone (to S3, minutes for a large model) while the rest wait."""
-    fault_tolerant: bool = False
-    """Keep training through a lost replica group (torchft; docs/distributed.md#fault-tolerance): each
-    torchrun is one replica group (ddp or hsdp among its ranks), the groups meet at torchft's lighthouse at
-    every step, survivors go on without a lost group, and a group that comes back heals from a live
-    one. Needs torchft (the ft extra); python launch.py --replica-groups N starts it all."""
-    ft_lighthouse: str = ""
-    """fault_tolerant: the lighthouse's address, http://host:29510 (empty: $TORCHFT_LIGHTHOUSE)."""
-    ft_replica_group: int = 0
-    """fault_tolerant: this replica group's number, 0 to ft_replica_groups - 1."""
-    ft_replica_groups: int = 1
-    """fault_tolerant: replica groups in the run; each epoch's sample order is dealt to all of them,
-    and a missing group's share is skipped (counted in the metrics), not given to the others."""
-    ft_min_replica_groups: int = 1
-    """fault_tolerant: train only while at least this many groups are live (the others wait)."""
-    ft_timeout_s: float = 30.0
-    """fault_tolerant: how long a collective across groups waits for a silent group before its step
-    is dropped (a killed group is noticed at once, a dead one within the lighthouse's heartbeat
-    timeout); it must cover a joining group's healing, which the others wait for."""
-    ft_quorum_timeout_s: float = 300.0
-    """fault_tolerant: how long a group waits at a step boundary for the quorum: the others' snapshot
-    or evaluation, enough groups, the lighthouse (a lost lighthouse is said after it)."""
-
     def __post_init__(self) -> None:
         check_positive(self, "trainer_config", "max_epochs", "batch_size", "grad_accum_steps", "save_every",
                        "grad_norm_clip", "log_every", "keep_last", "progress_interval_s",
@@ -195,7 +173,6 @@ class TrainerConfig:
               "trainer_config.snapshot_path", "sharded snapshots need a folder, not a .pt file")
         parallel.check_sharding_options(self.distributed_method, self.cpu_offload, self.reshard_after_forward)
         control.check_signal_names(self.stop_signals, "trainer_config.stop_signals")
-        self.replica_settings()  # checks the fault-tolerance keys
 
     def check_step_fits(self, train_samples: int, world_size: int) -> None:
         """A step must fit in the training split: a larger one would make every step the whole
@@ -214,37 +191,34 @@ class TrainerConfig:
                          self.cpu_offload, self.reshard_after_forward, self.grad_accum_steps,
                          self.snapshot_format if self.async_snapshots else None, optimizer)
 
-    def report_settings(self) -> ReportSettings:
+    def report_settings(self, replicas: FaultToleranceConfig) -> ReportSettings:
         path = self.metrics_path or default_metrics_path(self.snapshot_path)
-        if self.fault_tolerant and self.ft_replica_group:
-            path = replica_group_metrics_path(path, self.ft_replica_group)  # each group keeps its own
+        if replicas.follows:
+            path = replica_group_metrics_path(path, replicas.replica_group)  # each group keeps its own
         return ReportSettings(path,
                               metrics_folder_of_its_own=self.metrics_path is not None,
                               log_every=self.log_every, progress_interval_s=self.progress_interval_s,
                               max_epochs=None if self.max_steps else self.max_epochs)
 
-    def replica_settings(self) -> ReplicaSettings:
-        return ReplicaSettings(self.fault_tolerant, self.ft_lighthouse, self.ft_replica_group, self.ft_replica_groups,
-                               self.ft_min_replica_groups, self.ft_timeout_s, self.ft_quorum_timeout_s,
-                               self.distributed_method)
-
-    def snapshot_policy(self) -> SnapshotPolicy:
+    def snapshot_policy(self, replicas: FaultToleranceConfig) -> SnapshotPolicy:
         return SnapshotPolicy(path=self.snapshot_path, snapshot_format=self.snapshot_format,
                               keep_last=self.keep_last, async_snapshots=self.async_snapshots,
                               every_epochs=self.save_every, every_steps=self.save_every_steps,
                               every_minutes=self.save_every_minutes,
                               resume_on_other_data=self.resume_on_other_data,
-                              leased=not (self.fault_tolerant and self.ft_replica_group))
+                              leased=not replicas.follows)
 
 
 class Trainer:
     def __init__(self, config: TrainerConfig, model: nn.Module, optimizer_config: OptimizerConfig,
                  train_dataset: Dataset, test_dataset: Optional[Dataset], vocab: Sequence[str], env: DistEnv,
-                 sample_order: Optional[SampleOrder] = None):
+                 sample_order: Optional[SampleOrder] = None,
+                 fault_tolerance: FaultToleranceConfig = FaultToleranceConfig()):
         self.config, self.optimizer_config, self.env, self.vocab = config, optimizer_config, env, vocab
         self.block_size = model.config.block_size
         self.test_samples = len(test_dataset) if test_dataset is not None else 0
-        self.replicas = Replicas.open(config.replica_settings(), env)
+        self.fault_tolerance = fault_tolerance
+        self.replicas = Replicas.open(fault_tolerance, env)
         """Under fault tolerance, this replica group's part in the run (distributed/fault_tolerance.py)."""
         self.data_env = self.replicas.data_env
         """This rank's place in the global sample order (its group's slot under fault tolerance)."""
@@ -254,7 +228,7 @@ class Trainer:
         self._place(model)
         self.train_loader = self._prepare_dataloader(train_dataset, train=True)
         self.test_loader = self._prepare_dataloader(test_dataset, train=False) if test_dataset else None
-        self.checkpointer = Checkpointer(config.snapshot_policy(), env, vocab, sample_order)
+        self.checkpointer = Checkpointer(config.snapshot_policy(fault_tolerance), env, vocab, sample_order)
         with self.checkpointer.released_on_error():  # a start-up that fails gives the path back
             self.guard = RunGuard(env, config.hang_timeout_s, self.checkpointer.folder, self.checkpointer.kept,
                                   compiled=config.compile, scaled=self.scaler.is_enabled(),
@@ -268,7 +242,7 @@ class Trainer:
             self.replicas.keep(self.model, self.optimizer, self.scaler, self.progress)  # what a joining group heals
             self.steps_per_epoch = len(self.train_loader)
             self.total_steps = self._planned_steps()
-            self.report = RunReport.open(config.report_settings(), env, self.precision.matmul_dtype,
+            self.report = RunReport.open(config.report_settings(fault_tolerance), env, self.precision.matmul_dtype,
                                          model.flops_per_token(), self.total_steps, self.progress.step,
                                          watch.rank_times)
             peak = self.report.monitor.peak_flops  # rank 0's, who warns
@@ -357,7 +331,7 @@ class Trainer:
     def track(self, config: TrackerConfig, run_config: dict[str, Any], summary: list[str]) -> None:
         """Send the metrics to run trackers too, continuing the tracked runs of a resumed snapshot
         (under fault tolerance, replica group 0's metrics: one tracked run)."""
-        if self.config.fault_tolerant and self.config.ft_replica_group:
+        if self.fault_tolerance.follows:
             return
         with self.checkpointer.released_on_error():
             self.report.track(config, self.checkpointer.folder, self.progress, run_config, summary)

@@ -189,9 +189,9 @@ ft_main() {
         echo "[mingpt-ddp] replica group $group on ${nodes[group]}: starting torchrun"
         srun --nodes=1 --ntasks=1 -w "${nodes[group]}" --cpus-per-task="$cpus_per_task" \
             "$torchrun" --standalone --nproc_per_node "$nproc_per_node" --max-restarts "${MAX_RESTARTS:-3}" \
-            "${stop_options[@]}" "$main_py" "$@" trainer_config.fault_tolerant=true \
-            "trainer_config.ft_lighthouse=$address" "trainer_config.ft_replica_groups=${#nodes[@]}" \
-            "trainer_config.ft_replica_group=$group" "trainer_config.ft_min_replica_groups=${MIN_REPLICA_GROUPS:-1}" \
+            "${stop_options[@]}" "$main_py" "$@" fault_tolerance_config.enabled=true \
+            "fault_tolerance_config.lighthouse=$address" "fault_tolerance_config.replica_groups=${#nodes[@]}" \
+            "fault_tolerance_config.replica_group=$group" "fault_tolerance_config.min_replica_groups=${MIN_REPLICA_GROUPS:-1}" \
             2>&1 | sed -u "s/^/[replica $group] /" &  # pipefail: the pipeline's status is srun's
         steps+=($!)
     done

@@ -2,7 +2,8 @@
 import pytest
 from helpers import one_error_line, run_main
 
-from mingpt.run_config import hydra_line
+from mingpt.common.errors import ConfigError
+from mingpt.run_config import check_overrides, compose_config, hydra_line, load_config
 
 TRACEBACK = '''Traceback (most recent call last):
   File "/venv/hydra/_internal/utils.py", line 220, in run_and_report
@@ -54,3 +55,25 @@ def test_a_typo_inside_a_yaml_file_is_one_line_exit_1(tmp_path):
         f"error: while parsing a flow sequence in \"{tmp_path / 'typo.yaml'}\", line 5, column 15; expected ',' "
         f"or ']', but got '<stream end>' in \"{tmp_path / 'typo.yaml'}\", line 6, column 1")
     assert result.returncode == 1 and result.stdout == ""
+
+
+@pytest.mark.parametrize("override, line", [
+    ("trainer_config.fault_tolerant=true", "trainer_config.fault_tolerant: moved to fault_tolerance_config.enabled; "
+                                           "set that instead"),
+    ("trainer_config.ft_lighthouse=http://node1:29510", "trainer_config.ft_lighthouse: moved to "
+                                                        "fault_tolerance_config.lighthouse; set that instead"),
+    ("+trainer_config.ft_quorum_timeout_s=60", "trainer_config.ft_quorum_timeout_s: moved to "
+                                               "fault_tolerance_config.quorum_timeout_s; set that instead"),
+], ids=["fault_tolerant", "ft_lighthouse", "added"])
+def test_the_fault_tolerance_keys_of_earlier_releases_are_refused_naming_the_new_ones(override, line):
+    with pytest.raises(ConfigError) as refused:
+        check_overrides([override])
+    assert str(refused.value) == line
+
+
+def test_a_yaml_with_a_moved_key_is_refused_too():
+    """Hydra adds a key a YAML (or +key=...) brings; the typed config then refuses it by name."""
+    cfg = compose_config(["+trainer_config.ft_replica_groups=2"])
+    with pytest.raises(ConfigError, match="^trainer_config.ft_replica_groups: moved to "
+                                          "fault_tolerance_config.replica_groups; set that instead$"):
+        load_config(cfg)

@@ -1,6 +1,6 @@
 """Keep training through a lost replica group: step-level fault tolerance on torchft.
 
-A fault-tolerant run (trainer_config.fault_tolerant=true) is several replica groups, each one
+A fault-tolerant run (fault_tolerance_config.enabled=true) is several replica groups, each one
 torchrun of one or more ranks (DDP among them on the usual process group, or HSDP: the model sharded
 within the group, and within each of its nodes if it spans several), which torchft's Manager joins
 into one data-parallel run:
@@ -16,7 +16,7 @@ into one data-parallel run:
   in the survivors, who drop the update (as a GradScaler drops an overflowing step: the step counts,
   its weights do not change) and go on without the group from the next quorum. A dead group is given
   up when the lighthouse stops hearing its heartbeat (5 s by default), a silent one after
-  ft_timeout_s.
+  timeout_s.
 - A group that (re)joins heals at its first step boundary from a live group's state (model,
   optimizer, grad scaler, Progress), fetched over HTTP from that group through the Manager's
   state_dict/load_state_dict callbacks, rather than going back to the last snapshot.
@@ -35,8 +35,8 @@ happens to them alone (healing). A group that comes back after a failure stays q
 quorum, so its start-up ("Training model from scratch", the summary) is not said before it heals.
 
 The lighthouse is part of the run: a group waiting for a quorum watches it, and one that is gone (its
-port refuses connections, or stays silent for ft_timeout_s) ends the wait at once, since a quorum
-request in flight would otherwise wait out the whole ft_quorum_timeout_s: the group then stops with
+port refuses connections, or stays silent for timeout_s) ends the wait at once, since a quorum
+request in flight would otherwise wait out the whole quorum_timeout_s: the group then stops with
 a snapshot as on a stop signal (the step under way is not committed), and says why.
 
 torchft is an optional dependency (the `ft` extra); nothing here imports it until the mode is on.
@@ -66,8 +66,9 @@ from mingpt.distributed.process_group import DistEnv
 
 FT_EXTRA = "pip install -e '.[ft]' (torchft)"
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
-"""torchft's own variable for the lighthouse's address, read when trainer_config.ft_lighthouse is empty."""
-KEY = "trainer_config.fault_tolerant"
+"""torchft's own variable for the lighthouse's address, read when fault_tolerance_config.lighthouse is empty."""
+SECTION = "fault_tolerance_config"
+KEY = f"{SECTION}.enabled"
 RESTART_ENV = "MINGPT_RESTART"
 """How many times launch.py has started this process's workers again after a failure (torchrun's own
 restarts count in TORCHELASTIC_RESTART_COUNT)."""
@@ -81,45 +82,61 @@ def restarted() -> bool:
     return any(int(os.environ.get(name) or 0) > 0 for name in (RESTART_ENV, "TORCHELASTIC_RESTART_COUNT"))
 
 
-@dataclass(frozen=True)
-class ReplicaSettings:
-    """What fault tolerance needs of the config (TrainerConfig.replica_settings), checked on its own."""
+@dataclass
+class FaultToleranceConfig:
+    """fault_tolerance_config: training through a lost replica group (docs/distributed.md#fault-tolerance)."""
 
     enabled: bool = False
+    """Keep training through a lost replica group (torchft): each torchrun is one replica group (ddp or
+    hsdp among its ranks), the groups meet at torchft's lighthouse at every step, survivors go on without
+    a lost group, and a group that comes back heals from a live one. Needs torchft (the ft extra);
+    python launch.py --replica-groups N starts it all."""
     lighthouse: str = ""
-    """The lighthouse's address (http://host:port); empty: $TORCHFT_LIGHTHOUSE."""
-    group: int = 0
-    """This replica group's number, 0 to groups - 1."""
-    groups: int = 1
-    """Replica groups in the run: the global sample order is dealt to this many."""
-    min_groups: int = 1
-    """Fewer live groups than this stop training (the survivors wait for the others, up to quorum_timeout_s)."""
+    """The lighthouse's address, http://host:29510 (empty: $TORCHFT_LIGHTHOUSE)."""
+    replica_group: int = 0
+    """This replica group's number, 0 to replica_groups - 1."""
+    replica_groups: int = 1
+    """Replica groups in the run; each epoch's sample order is dealt to all of them, and a missing group's
+    share is skipped (counted in the metrics), not given to the others."""
+    min_replica_groups: int = 1
+    """Train only while at least this many groups are live (the others wait)."""
     timeout_s: float = 30.0
-    """How long a collective across groups waits for a silent group before the step is dropped."""
+    """How long a collective across groups waits for a silent group before its step is dropped (a killed
+    group is noticed at once, a dead one within the lighthouse's heartbeat timeout), and how long a group
+    waits for the lighthouse to answer before it says it cannot reach it; it must cover a joining group's
+    healing, which the others wait for."""
     quorum_timeout_s: float = 300.0
-    """How long a group waits at a step boundary for the others (and for the lighthouse)."""
-    method: str = "ddp"
+    """How long a group waits at a step boundary for the quorum: the others' snapshot or evaluation, enough
+    groups, the lighthouse (a lost lighthouse is said after it)."""
 
     def __post_init__(self) -> None:
         if not self.enabled:
             return
         check(torchft_installed(), KEY, f"needs torchft, which is not installed: {FT_EXTRA}")
-        check(self.method != "fsdp", "trainer_config.distributed_method",
+        check(self.replica_groups >= 1, f"{SECTION}.replica_groups", f"must be positive, got {self.replica_groups}")
+        check(0 <= self.replica_group < self.replica_groups, f"{SECTION}.replica_group",
+              f"must be 0 to {self.replica_groups - 1} (replica_groups={self.replica_groups}), got {self.replica_group}")
+        check(1 <= self.min_replica_groups <= self.replica_groups, f"{SECTION}.min_replica_groups",
+              f"must be 1 to replica_groups={self.replica_groups}, got {self.min_replica_groups}")
+        check(self.timeout_s > 0, f"{SECTION}.timeout_s", f"must be positive, got {self.timeout_s}")
+        check(self.quorum_timeout_s > 0, f"{SECTION}.quorum_timeout_s", f"must be positive, got {self.quorum_timeout_s}")
+
+    def check_method(self, method: str) -> None:
+        """fsdp leaves no replica to heal a lost rank's shards from (TrainConfig checks it)."""
+        check(not self.enabled or method != "fsdp", "trainer_config.distributed_method",
               "fsdp shards every parameter over every rank, so no other replica holds a lost rank's shards "
-              "to heal it from; fault_tolerant needs replicas: use ddp, or hsdp (sharded within each replica "
+              f"to heal it from; {KEY} needs replicas: use ddp, or hsdp (sharded within each replica "
               "group, the groups its replicas)")
-        check(self.groups >= 1, "trainer_config.ft_replica_groups", f"must be positive, got {self.groups}")
-        check(0 <= self.group < self.groups, "trainer_config.ft_replica_group",
-              f"must be 0 to {self.groups - 1} (ft_replica_groups={self.groups}), got {self.group}")
-        check(1 <= self.min_groups <= self.groups, "trainer_config.ft_min_replica_groups",
-              f"must be 1 to ft_replica_groups={self.groups}, got {self.min_groups}")
-        check(self.timeout_s > 0, "trainer_config.ft_timeout_s", f"must be positive, got {self.timeout_s}")
-        check(self.quorum_timeout_s > 0, "trainer_config.ft_quorum_timeout_s",
-              f"must be positive, got {self.quorum_timeout_s}")
+
+    @property
+    def follows(self) -> bool:
+        """A replica group other than the first: group 0 holds the snapshot path's lease and the tracked
+        runs, for the run as a whole."""
+        return self.enabled and self.replica_group != 0
 
     def lighthouse_address(self) -> str:
         address = self.lighthouse or os.environ.get(LIGHTHOUSE_ENV, "")
-        check(bool(address), "trainer_config.ft_lighthouse",
+        check(bool(address), f"{SECTION}.lighthouse",
               f"needs the lighthouse's address (http://host:29510), or ${LIGHTHOUSE_ENV}; start one with "
               "torchft_lighthouse --min_replicas 1, or train with python launch.py --replica-groups N")
         return address if "://" in address else f"http://{address}"
@@ -129,10 +146,10 @@ class Replicas:
     """This replica group's part in a fault-tolerant run, or (`alone`) a run of one group: the
     Trainer calls the same methods either way, and alone they change nothing."""
 
-    def __init__(self, settings: ReplicaSettings, env: DistEnv):
+    def __init__(self, settings: FaultToleranceConfig, env: DistEnv):
         self.settings, self.env = settings, env
         self.manager = None
-        self.members: tuple[int, ...] = (settings.group,)
+        self.members: tuple[int, ...] = (settings.replica_group,)
         """The groups of the latest quorum."""
         self.committed = True
         """Whether the latest step's update was applied."""
@@ -146,7 +163,7 @@ class Replicas:
         quorum is asked for (torchft would wait for the one still in flight)."""
 
     @classmethod
-    def open(cls, settings: ReplicaSettings, env: DistEnv) -> "Replicas":
+    def open(cls, settings: FaultToleranceConfig, env: DistEnv) -> "Replicas":
         """This group's Manager, joined to the lighthouse (no quorum yet: join() forms the first)."""
         replicas = cls(settings, env)
         if settings.enabled:
@@ -164,8 +181,8 @@ class Replicas:
         if not self.active:
             return self.env
         size = self.env.world_size
-        return dataclasses.replace(self.env, rank=self.settings.group * size + self.env.rank,
-                                   world_size=self.settings.groups * size)
+        return dataclasses.replace(self.env, rank=self.settings.replica_group * size + self.env.rank,
+                                   world_size=self.settings.replica_groups * size)
 
     @property
     def comm_hook(self) -> Optional[Callable[[nn.Module], None]]:
@@ -210,11 +227,11 @@ class Replicas:
         host, port, self._store = group_store(env)
         self.process_group = replica_process_group(env.device, timedelta(seconds=settings.timeout_s))
         try:
-            # connect_timeout: a lighthouse that does not answer is said after ft_timeout_s, not after
+            # connect_timeout: a lighthouse that does not answer is said after timeout_s, not after
             # the quorum's timeout (which a restarted group would otherwise wait out with nothing there).
             self.manager = watched_manager(self)(
-                pg=self.process_group, load_state_dict=None, state_dict=None, min_replica_size=settings.min_groups,
-                use_async_quorum=False, init_sync=False, replica_id=f"replica_{settings.group}",
+                pg=self.process_group, load_state_dict=None, state_dict=None, min_replica_size=settings.min_replica_groups,
+                use_async_quorum=False, init_sync=False, replica_id=f"replica_{settings.replica_group}",
                 timeout=timedelta(seconds=settings.timeout_s),
                 quorum_timeout=timedelta(seconds=settings.quorum_timeout_s),
                 connect_timeout=timedelta(seconds=settings.timeout_s),
@@ -223,10 +240,10 @@ class Replicas:
         except Exception as error:  # the lighthouse cannot be reached (torchft says it in many words)
             raise MinGPTError(lighthouse_lost(self.lighthouse, error, "start")) from None
         quiet_checkpoint_server(self.manager)
-        log.info(f"Replicas: replica group {settings.group} of {settings.groups} ({env.world_size} rank(s) each), "
-                 f"lighthouse {self.lighthouse}, training while {settings.min_groups} or more are live; a group "
+        log.info(f"Replicas: replica group {settings.replica_group} of {settings.replica_groups} ({env.world_size} rank(s) each), "
+                 f"lighthouse {self.lighthouse}, training while {settings.min_replica_groups} or more are live; a group "
                  f"lost in a step costs that step, a silent one is given up after {settings.timeout_s:g} s "
-                 "(trainer_config.ft_timeout_s)")
+                 "(fault_tolerance_config.timeout_s)")
 
     def keep(self, model: nn.Module, optimizer: torch.optim.Optimizer, scaler, progress) -> None:
         """What a joining group heals from a live one: the model, the optimizer (the plain one), the
@@ -239,10 +256,10 @@ class Replicas:
         def state() -> dict[str, Any]:
             return {"model": local_shards(model.state_dict()), "optimizer": local_shards(optimizer.state_dict()),
                     "scaler": scaler.state_dict(), "progress": progress_fields(progress),
-                    "group": self.settings.group, "group_size": self.env.world_size}
+                    "group": self.settings.replica_group, "group_size": self.env.world_size}
 
         def heal(received: dict[str, Any]) -> None:
-            check(received["group_size"] == self.env.world_size, "trainer_config.fault_tolerant",
+            check(received["group_size"] == self.env.world_size, KEY,
                   f"replica group {received['group']} has {received['group_size']} rank(s) and this one "
                   f"{self.env.world_size}; start every replica group with as many ranks")
             model.load_state_dict(as_sharded(received["model"], model.state_dict()))
@@ -266,7 +283,7 @@ class Replicas:
             if restarted() and not self._healed and self.speaks:
                 step = self._progress.step if self._progress is not None else 0
                 where = f"the snapshot of step {step}" if step else "scratch"
-                self._say(f"Replica group {self.settings.group} came back with no live group to heal from: "
+                self._say(f"Replica group {self.settings.replica_group} came back with no live group to heal from: "
                           f"training goes on from {where}")
             self._say_membership(before=())
             self._pending_quorum = True  # the first step's: zero_grad starts none
@@ -275,17 +292,17 @@ class Replicas:
     GATHER_POLL_S = 0.5
 
     def _gather_every_group(self) -> None:
-        """At the run's start, wait (up to ft_quorum_timeout_s) until every group is in the quorum:
+        """At the run's start, wait (up to quorum_timeout_s) until every group is in the quorum:
         groups start at different speeds, and one ready first would otherwise train alone while the
         others import torch, their share of those steps skipped. A group that healed joins a run
         under way and goes on at once."""
-        missing = set(range(self.settings.groups)) - set(self.members)
+        missing = set(range(self.settings.replica_groups)) - set(self.members)
         if self._healed or self._abandoned or not missing:
             return
         log.info(f"Waiting for replica group(s) {names(sorted(missing))} to start (at most "
-                 f"{self.settings.quorum_timeout_s:g} s: trainer_config.ft_quorum_timeout_s)")
+                 f"{self.settings.quorum_timeout_s:g} s: fault_tolerance_config.quorum_timeout_s)")
         deadline = time.monotonic() + self.settings.quorum_timeout_s
-        while (len(self.members) < self.settings.groups and not self._healed and not self._abandoned
+        while (len(self.members) < self.settings.replica_groups and not self._healed and not self._abandoned
                and time.monotonic() < deadline):
             time.sleep(self.GATHER_POLL_S)
             self._quorum(say=False)
@@ -323,7 +340,7 @@ class Replicas:
     """How often a group waiting for its quorum looks at the lighthouse."""
 
     def _await_lighthouse(self) -> None:
-        """At the start, the lighthouse answering within ft_timeout_s, or the group says so (torchft's own
+        """At the start, the lighthouse answering within timeout_s, or the group says so (torchft's own
         connection, with its backoff, would take up to twice as long to give up)."""
         deadline = time.monotonic() + self.settings.timeout_s
         while (answer := lighthouse_answer(self.lighthouse)) != "up":
@@ -336,8 +353,8 @@ class Replicas:
     def wait_for_quorum(self, quorum: concurrent.futures.Future) -> None:
         """The Manager's wait for a quorum (WatchedManager), watching the lighthouse meanwhile: a request
         in flight when it dies is never answered (nor by a lighthouse started again), and torchft would
-        wait out ft_quorum_timeout_s. Gone: its port refuses twice in a row, or is silent (a machine
-        gone) for ft_timeout_s."""
+        wait out quorum_timeout_s. Gone: its port refuses twice in a row, or is silent (a machine
+        gone) for timeout_s."""
         refusals, silent_since = 0, None
         while not concurrent.futures.wait([quorum], timeout=self.WATCH_S).done:
             answer = lighthouse_answer(self.lighthouse)
@@ -370,13 +387,13 @@ class Replicas:
         """The run's voice until the first quorum says which group it is: group 0 on a fresh start. A
         group that comes back after a failure is quiet until then: it heals from a live group (and says
         so), or says how it goes on."""
-        return self.settings.group == 0 and not restarted()
+        return self.settings.replica_group == 0 and not restarted()
 
     @property
     def speaks(self) -> bool:
         """Whether this group is the run's voice: the lowest-numbered of the latest quorum, the one that
         writes the snapshots (before any quorum, see open)."""
-        return self.snapshot_writer() == self.settings.group
+        return self.snapshot_writer() == self.settings.replica_group
 
     def _speak(self, voice: bool) -> None:
         """This group's rank 0 says the run's lines (the logger's INFO) only while the group is its voice;
@@ -400,22 +417,22 @@ class Replicas:
         address = self.settings.lighthouse_address()
         if not reachable(address):
             return lighthouse_lost(address, error, f"step {self._next_step()}")
-        return (f"no quorum of {self.settings.min_groups} or more replica groups within "
+        return (f"no quorum of {self.settings.min_replica_groups} or more replica groups within "
                 f"{self.settings.quorum_timeout_s:g} s at step {self._next_step()} "
-                "(trainer_config.ft_quorum_timeout_s, ft_min_replica_groups); start the missing groups, "
+                "(fault_tolerance_config.quorum_timeout_s, min_replica_groups); start the missing groups, "
                 f"or raise the timeout if a step boundary (an evaluation, a snapshot) takes longer ({error})")
 
     def _say_membership(self, before: tuple[int, ...]) -> None:
         """A line when groups leave or join (the first quorum: which groups train), said by the voice of
         the run before the change and by the one after it (a voice lost, or one handing over)."""
-        step, groups, now = self._next_step(), self.settings.groups, self.members
+        step, groups, now = self._next_step(), self.settings.replica_groups, self.members
         training = f"{names(now)} ({len(now)} of {groups})"
         if self._first_quorum:
             self._first_quorum = False
             if not self._healed and not self._abandoned:  # a healed group said so; the others that it joined
                 self._say(f"Replica groups {training} train from step {step}")
             return
-        was_voice = bool(before) and min(before) == self.settings.group
+        was_voice = bool(before) and min(before) == self.settings.replica_group
         left, joined = sorted(set(before) - set(now)), sorted(set(now) - set(before))
         if left:
             stall = time.monotonic() - self._quorum_done_at
@@ -443,18 +460,18 @@ class Replicas:
         them when the step was not committed."""
         if not self.active:
             return 0
-        slots = self.settings.groups * self.env.world_size
+        slots = self.settings.replica_groups * self.env.world_size
         if not self.committed:
             return slots * samples_per_slot
-        return (self.settings.groups - len(self.members)) * self.env.world_size * samples_per_slot
+        return (self.settings.replica_groups - len(self.members)) * self.env.world_size * samples_per_slot
 
     def snapshot_writer(self) -> int:
         """The group that writes the snapshots: the lowest-numbered of the quorum (one writer; any group
         may be lost); alone, this group."""
-        return min(self.members) if self.active else self.settings.group
+        return min(self.members) if self.active else self.settings.replica_group
 
     def writes_snapshots(self) -> bool:
-        return self.snapshot_writer() == self.settings.group
+        return self.snapshot_writer() == self.settings.replica_group
 
     def _next_step(self) -> int:
         return (self._progress.step if self._progress is not None else 0) + 1
@@ -483,7 +500,7 @@ def watched_manager(replicas: Replicas) -> type:
 def end_quorum_request(manager) -> None:
     """End the quorum request that torchft's thread still waits on after the lighthouse went away: its
     group's manager server never answers a request whose lighthouse call failed (it waits out
-    ft_quorum_timeout_s), and Python's exit would wait for that thread. Shut down, this process's
+    quorum_timeout_s), and Python's exit would wait for that thread. Shut down, this process's
     connections to the manager server fail the request at once."""
     import psutil
     from torchft.manager import MANAGER_ADDR_KEY

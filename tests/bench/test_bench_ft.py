@@ -32,7 +32,7 @@ def test_reports_the_overhead_and_what_a_failure_costs_in_each_mode(tmp_path, te
 def test_reports_what_the_modes_own_failures_cost(tmp_path, text_file):
     """--part own: the lighthouse killed (every group stopped with its snapshot, none started again), a
     config mistake and a data error (said once, not retried), a lighthouse not there (said within
-    ft_timeout_s, with room for a loaded machine)."""
+    fault_tolerance_config.timeout_s, with room for a loaded machine)."""
     report = tmp_path / "ft.json"
     result = run([sys.executable, REPO / "bench" / "bench_ft.py", "--part", "own", "--kill-at", "15", "--save-every",
                   "10", "--ft-timeout", "5", "--json", report, f"data_config.path={text_file}",

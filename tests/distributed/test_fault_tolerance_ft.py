@@ -18,24 +18,25 @@ from mingpt.distributed.fault_tolerance import (
     CommittingOptimizer,
     GradientAverage,
     Replicas,
-    ReplicaSettings,
+    FaultToleranceConfig,
     average_gradients,
     plain,
 )
 from mingpt.reporting.metrics import replica_group_metrics_path
+from mingpt.run_config import TrainConfig
 from mingpt.trainer import TrainerConfig
 
 
-def on(**keys) -> ReplicaSettings:
-    return ReplicaSettings(enabled=True, lighthouse="http://127.0.0.1:1", **keys)
+def on(**keys) -> FaultToleranceConfig:
+    return FaultToleranceConfig(enabled=True, lighthouse="http://127.0.0.1:1", **keys)
 
 
 @pytest.mark.parametrize("keys, line", [
-    (dict(method="fsdp"), "trainer_config.distributed_method: fsdp shards every parameter over every rank, so no "
-                          "other replica holds a lost rank's shards to heal it from"),
-    (dict(group=2, groups=2), "trainer_config.ft_replica_group: must be 0 to 1 (ft_replica_groups=2), got 2"),
-    (dict(groups=2, min_groups=3), "trainer_config.ft_min_replica_groups: must be 1 to ft_replica_groups=2, got 3"),
-    (dict(timeout_s=0), "trainer_config.ft_timeout_s: must be positive, got 0"),
+    (dict(replica_group=2, replica_groups=2), "fault_tolerance_config.replica_group: must be 0 to 1 "
+                                              "(replica_groups=2), got 2"),
+    (dict(replica_groups=2, min_replica_groups=3), "fault_tolerance_config.min_replica_groups: must be 1 to "
+                                                   "replica_groups=2, got 3"),
+    (dict(timeout_s=0), "fault_tolerance_config.timeout_s: must be positive, got 0"),
 ])
 def test_settings_refused_in_one_line(keys, line):
     with pytest.raises(ConfigError) as refused:
@@ -43,28 +44,28 @@ def test_settings_refused_in_one_line(keys, line):
     assert str(refused.value).startswith(line) and "\n" not in str(refused.value)
 
 
-def test_the_trainer_config_checks_them_and_leaves_them_off_by_default():
-    assert not TrainerConfig().replica_settings().enabled
+def test_the_run_config_checks_them_and_leaves_them_off_by_default():
+    assert not TrainConfig().fault_tolerance_config.enabled
     with pytest.raises(ConfigError, match="^trainer_config.distributed_method: fsdp shards every parameter"):
-        TrainerConfig(fault_tolerant=True, distributed_method="fsdp")
-    TrainerConfig(distributed_method="fsdp", ft_replica_group=5)  # off: the other keys are not judged
+        TrainConfig(trainer_config=TrainerConfig(distributed_method="fsdp"), fault_tolerance_config=on())
+    FaultToleranceConfig(replica_group=5)  # off: the other keys are not judged
 
 
 def test_without_torchft_the_mode_names_the_extra(monkeypatch):
     monkeypatch.setattr(fault_tolerance, "torchft_installed", lambda: False)
     with pytest.raises(ConfigError) as refused:
-        TrainerConfig(fault_tolerant=True)
-    assert str(refused.value) == ("trainer_config.fault_tolerant: needs torchft, which is not installed: "
+        FaultToleranceConfig(enabled=True)
+    assert str(refused.value) == ("fault_tolerance_config.enabled: needs torchft, which is not installed: "
                                   "pip install -e '.[ft]' (torchft)")
 
 
 def test_without_a_lighthouse_address_the_mode_says_where_to_get_one(monkeypatch):
     monkeypatch.delenv(fault_tolerance.LIGHTHOUSE_ENV, raising=False)
-    with pytest.raises(ConfigError, match=r"^trainer_config.ft_lighthouse: needs the lighthouse's address .*"
+    with pytest.raises(ConfigError, match=r"^fault_tolerance_config.lighthouse: needs the lighthouse's address .*"
                                           r"python launch.py --replica-groups N$"):
-        ReplicaSettings(enabled=True).lighthouse_address()
+        FaultToleranceConfig(enabled=True).lighthouse_address()
     monkeypatch.setenv(fault_tolerance.LIGHTHOUSE_ENV, "node1:29510")
-    assert ReplicaSettings(enabled=True).lighthouse_address() == "http://node1:29510"
+    assert FaultToleranceConfig(enabled=True).lighthouse_address() == "http://node1:29510"
 
 
 def env_of(rank: int, world_size: int) -> SimpleNamespace:
@@ -76,7 +77,7 @@ def replicas_of(group: int, groups: int, rank: int = 0, ranks: int = 1, members=
     from mingpt.distributed.process_group import DistEnv
 
     env = DistEnv(rank, rank, ranks, ranks, torch.device("cpu"), "gloo")
-    replicas = Replicas(on(group=group, groups=groups), env)
+    replicas = Replicas(on(replica_group=group, replica_groups=groups), env)
     replicas.manager = object()
     replicas.members = tuple(members if members is not None else range(groups))
     return replicas
@@ -88,7 +89,7 @@ def test_each_rank_reads_its_groups_slot_of_the_global_order():
     slots = {(g, r): replicas_of(g, 3, r, 2).data_env for g in range(3) for r in range(2)}
     assert {(env.rank, env.world_size) for env in slots.values()} == {(s, 6) for s in range(6)}
     assert slots[(2, 1)].rank == 5
-    alone = Replicas(ReplicaSettings(), replicas_of(0, 1).env)
+    alone = Replicas(FaultToleranceConfig(), replicas_of(0, 1).env)
     assert alone.data_env is alone.env and alone.comm_hook is None and alone.writes_snapshots()
 
 
@@ -99,7 +100,7 @@ def test_missed_samples_are_a_missing_groups_share_or_a_whole_step_not_committed
     assert replicas.step_taken(32) == 0
     replicas.committed = False
     assert replicas.step_taken(32) == 3 * 2 * 32
-    assert Replicas(ReplicaSettings(), replicas.env).step_taken(32) == 0
+    assert Replicas(FaultToleranceConfig(), replicas.env).step_taken(32) == 0
 
 
 def test_the_lowest_group_of_the_quorum_writes_the_snapshots():
@@ -110,10 +111,10 @@ def test_the_lowest_group_of_the_quorum_writes_the_snapshots():
 def test_each_group_keeps_its_own_metrics_file():
     assert replica_group_metrics_path("gpt_snapshot.metrics.jsonl", 1) == "gpt_snapshot.metrics.replica1.jsonl"
     assert replica_group_metrics_path("s3://b/run/metrics.jsonl", 2) == "s3://b/run/metrics.replica2.jsonl"
-    config = TrainerConfig(fault_tolerant=True, ft_replica_groups=2, ft_replica_group=1)
-    assert config.report_settings().metrics_path == "gpt_snapshot.metrics.replica1.jsonl"
-    assert not config.snapshot_policy().leased  # group 0 holds the lease: the groups are one run
-    assert TrainerConfig().report_settings().metrics_path == "gpt_snapshot.metrics.jsonl"
+    second = on(replica_groups=2, replica_group=1)
+    assert TrainerConfig().report_settings(second).metrics_path == "gpt_snapshot.metrics.replica1.jsonl"
+    assert not TrainerConfig().snapshot_policy(second).leased  # group 0 holds the lease: the groups are one run
+    assert TrainerConfig().report_settings(on(replica_groups=2)).metrics_path == "gpt_snapshot.metrics.jsonl"
 
 
 class Quorum:
@@ -225,7 +226,7 @@ def test_under_hsdp_a_group_on_one_machine_shards_over_it_all():
     two_machines = replicas_of(0, 2, rank=0, ranks=4)
     two_machines.env = dataclasses.replace(two_machines.env, local_world_size=2)
     assert two_machines.method_within_group("hsdp") == "hsdp"
-    off = Replicas(ReplicaSettings(), two_machines.env)
+    off = Replicas(FaultToleranceConfig(), two_machines.env)
     assert off.method_within_group("hsdp") == "hsdp"  # without the mode, hsdp is the usual one
 
 
@@ -348,7 +349,7 @@ def closed_port() -> str:
 
 
 def test_a_quorum_wait_ends_within_a_second_when_the_lighthouse_is_gone_not_after_the_quorum_timeout():
-    """torchft's wait for a quorum whose lighthouse died lasts ft_quorum_timeout_s (a request in flight
+    """torchft's wait for a quorum whose lighthouse died lasts fault_tolerance_config.quorum_timeout_s (a request in flight
     is never answered); the watched wait gives the lighthouse up once its port refuses twice."""
     import concurrent.futures
     import socket

@@ -249,7 +249,7 @@ def fault_tolerant_job(slurm_cluster, text_file, tmp_path_factory) -> SlurmJob:
     both_training = r"\(2 of 2\)[\s\S]*\[replica 0\] \[RANK0\] Epoch \d+ \| Iter [1-9]\d* \|"  # group 0 speaks
     return submit_and_wait(slurm_cluster, text_file, tmp_path_factory.mktemp("submit"), kill_on=both_training,
                            env=env, trainer_config__max_epochs=100, trainer_config__max_steps=700,
-                           trainer_config__ft_timeout_s=5, trainer_config__eval_batches=2)
+                           fault_tolerance_config__timeout_s=5, trainer_config__eval_batches=2)
 
 
 class TestSlurmFaultTolerant:
