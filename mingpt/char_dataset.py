@@ -4,32 +4,32 @@ Every position of the text starts a sample (the original's choice): sample i is
 x = text[i : i + block_size], y = text[i + 1 : i + block_size + 1]. The text is encoded once into ids
 that every process of a machine maps from one file, so memory does not grow with the corpus:
 tokens/sources.py tells what data_config.path is (a text, a large text in ranges, a set of texts,
-pre-tokenized shards) and prepares it; tokens/windows.py gathers the windows. With a BPE
-(tokens/tokenizer.py) or shards a sample is block_size tokens, and "characters" below reads "tokens".
+pre-tokenized shards) and prepares it; tokens/windows.py gathers the windows, cuts the splits and
+makes a batch inputs and targets. With a BPE (tokens/tokenizer.py) or shards a sample is block_size
+tokens, and "characters" below reads "tokens".
 """
 import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from mingpt.common import files
-from mingpt.common.errors import DataError, check, check_choice, check_positive
-from mingpt.tokens.permutation import Permutation
-from mingpt.tokens.shards import AUTO, count_ids
+from mingpt.common.errors import check, check_choice, check_positive
+from mingpt.tokens.shards import AUTO
 from mingpt.tokens.sources import PATH_KEY, VAL_PATH_KEY, SourceSettings, source_of, too_short
 from mingpt.tokens.text_set import DEFAULT_TEXT_FIELD
 from mingpt.tokens.token_file import encode_text
 from mingpt.tokens.tokenizer import DEFAULT_SAMPLE_MB, DEFAULT_VOCAB_SIZE, TokenizerChoice, Vocabulary
-from mingpt.tokens.windows import Split, Spread, Windows  # noqa: F401 (Spread: the Trainer's, main.py's)
+from mingpt.tokens.windows import CONTIGUOUS, RANDOM, Split, Windows, own_characters, split_windows
+# Where they lived before tokens/windows.py; the Trainer and the benchmarks import them from here.
+from mingpt.tokens.windows import Spread, batch_on, in_windows, inputs_and_targets  # noqa: F401
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CORPUS = REPO_ROOT / "data" / "input.txt"
 """tiny-shakespeare, committed as the original commits it: the default trains with no network."""
-SPLITS = ("random", "contiguous")
+SPLITS = (RANDOM, CONTIGUOUS)
 
 
 @dataclass
@@ -142,21 +142,14 @@ class CharDataset(Windows):
         return dataset
 
     def _setup(self, ids, vocabulary: Vocabulary, block_size: int, text_length: int) -> None:
-        super().__init__(ids, block_size)
+        # A truncated text has a vocabulary of its own characters (the original's), through a table.
+        id_map, vocabulary = own_characters(ids, vocabulary) if len(ids) < text_length else (None, vocabulary)
+        super().__init__(ids, block_size, id_map)
         self.text_length = text_length
         """Tokens in the whole text, before data_config.truncate kept its leading share (ids)."""
         self.vocabulary = vocabulary
         """The tokens and how text becomes them: what a snapshot keeps to decode the model's output."""
-        if vocabulary.is_char and len(ids) < text_length:
-            # A truncated text may lack some of the whole text's characters. Its vocabulary is its own
-            # (the original's: the characters it trains on), reached through a small table. A BPE's
-            # stays its tokenizer's, whatever share is kept.
-            present = np.flatnonzero(count_ids(ids, len(vocabulary)))
-            if len(present) < len(vocabulary):
-                self.id_map = np.full(len(vocabulary), -1, dtype=np.int64)
-                self.id_map[present] = np.arange(len(present))
-                self.vocabulary = Vocabulary([vocabulary[i] for i in present])
-        self.vocab: list[str] = self.vocabulary.tokens
+        self.vocab: list[str] = vocabulary.tokens
 
     @property
     def vocab_size(self) -> int:
@@ -185,29 +178,6 @@ class CharDataset(Windows):
 
     def decode(self, ids: torch.Tensor) -> str:
         return self.vocabulary.decode(ids.tolist())
-
-
-def inputs_and_targets(windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x and y of a window (or a batch of them): two overlapping views of its memory, y shifted by
-    one token. A batch moves to a GPU as its windows, one contiguous (pinned) tensor and therefore
-    one asynchronous copy, and is split on the device; x and y moved apart would each be a strided
-    view, copied through a pageable temporary, twice."""
-    return windows[..., :-1], windows[..., 1:]
-
-
-def batch_on(device: torch.device, batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch from the loaders as inputs and targets on device: its windows in one copy, or the
-    (x, y) pair of a dataset of another kind."""
-    if isinstance(batch, torch.Tensor):
-        return inputs_and_targets(batch.to(device, non_blocking=True))
-    return tuple(t.to(device, non_blocking=True) for t in batch)
-
-
-def in_windows(dataset: Dataset) -> Dataset:
-    """A dataset as the Trainer's loaders read it, a batch of windows at a time: a CharDataset given
-    whole is a split of all its samples; a Split already is one. Another dataset is left as it is
-    (its (x, y) pairs then move to the device as two tensors)."""
-    return Split(dataset, 0, len(dataset)) if isinstance(dataset, CharDataset) else dataset
 
 
 def prepare_corpus(config: DataConfig, local_main: bool = True) -> None:
@@ -249,28 +219,8 @@ def corpora(config: DataConfig) -> list[tuple[str, str]]:
 
 def split_dataset(dataset: CharDataset, config: DataConfig, seed: int,
                   validation: Optional[CharDataset] = None) -> tuple[Split, Split]:
-    """Train and test splits, identical on every rank for the same seed. With a validation set
+    """Train and test splits, identical on every rank for the same seed (tokens/windows.split_windows:
+    the original's seeded random split, or the contiguous one). With a validation set
     (data_config.val_path), all of dataset trains and all of validation tests."""
-    at_once = config.sources.shards_at_once if dataset.shards is not None else 0
-    if at_once and (validation is not None or config.split == "contiguous"):
-        dataset.in_consecutive_windows()
-    if validation is not None:
-        return Split(dataset, 0, len(dataset), shards_at_once=at_once), Split(validation, 0, len(validation))
-    if config.split == "random":
-        # The original's random_split: a seeded permutation of all samples, cut at train_split.
-        train_len = int(len(dataset) * config.train_split)
-        order = Permutation(len(dataset), seed)
-        train = Split(dataset, 0, train_len, order)
-        test = Split(dataset, train_len, len(dataset) - train_len, order)
-    else:
-        # Cut the text, not the windows: no character is seen by both sides.
-        cut = int(dataset.num_chars * config.train_split)
-        first_test = dataset.first_sample_from(cut)
-        train = Split(dataset, 0, dataset.samples_before(cut), shards_at_once=at_once)
-        test = Split(dataset, first_test, max(len(dataset) - first_test, 0))
-    if len(train) == 0 or len(test) == 0:
-        raise DataError(
-            f"data_config.train_split={config.train_split} leaves {len(train)} train and {len(test)} "
-            f"test samples of block_size {config.block_size}; use more text or a smaller block_size"
-        )
-    return train, test
+    return split_windows(dataset, config.split, config.train_split, seed, config.sources.shards_at_once,
+                         validation)

@@ -3,8 +3,9 @@
 A sample is a window of block_size + 1 ids, its inputs and, one further, its targets: at every position
 of the ids (the original's choice), or at every block_size-th (consecutive windows, as llm.c reads its
 shards). Windows gathers a batch of them in one indexing operation (char_dataset.CharDataset is one,
-with its vocabulary); a Split is a share of them (char_dataset.split_dataset cuts the train and test
-splits), a Spread a bounded evaluation's windows, spread over a split. No list of indices is ever built.
+with its vocabulary); a Split is a share of them (split_windows cuts the train and test splits), a
+Spread a bounded evaluation's windows, spread over a split. No list of indices is ever built. A batch
+travels as its windows and becomes inputs and targets on the device (inputs_and_targets).
 """
 from typing import Optional
 
@@ -12,8 +13,13 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from mingpt.common.errors import DataError
 from mingpt.tokens.permutation import Blocks, Permutation
-from mingpt.tokens.shards import ShardStream
+from mingpt.tokens.shards import ShardStream, count_ids
+from mingpt.tokens.tokenizer import Vocabulary
+
+RANDOM, CONTIGUOUS = "random", "contiguous"
+"""data_config.split: the original's random split of overlapping windows, or cut text."""
 
 
 class Windows(Dataset):
@@ -99,7 +105,7 @@ class Split(Dataset):
         return self.order(positions) if self.order is not None else positions
 
     def __getitem__(self, indices) -> torch.Tensor:
-        """The windows of the split's samples at indices (char_dataset.inputs_and_targets: x and y)."""
+        """The windows of the split's samples at indices (inputs_and_targets: x and y)."""
         return self.dataset.windows(self.starts(indices).numpy())
 
     def spread(self, count: int) -> Optional["Spread"]:
@@ -135,5 +141,74 @@ class Spread(Dataset):
         return self.split.starts(nth * self.step)
 
     def __getitem__(self, indices) -> torch.Tensor:
-        """The windows at indices (char_dataset.inputs_and_targets: x and y)."""
+        """The windows at indices (inputs_and_targets: x and y)."""
         return self.split.dataset.windows(self.starts(indices).numpy())
+
+
+def own_characters(ids, vocabulary: Vocabulary) -> tuple[Optional[np.ndarray], Vocabulary]:
+    """The vocabulary of a truncated text's own characters (the original's: those it trains on, which
+    may lack some of the whole text's) and the table from the whole text's ids to it (Windows.id_map);
+    (None, vocabulary) when it has them all. A BPE's vocabulary stays its tokenizer's, whatever share
+    is kept."""
+    if not vocabulary.is_char:
+        return None, vocabulary
+    present = np.flatnonzero(count_ids(ids, len(vocabulary)))
+    if len(present) == len(vocabulary):
+        return None, vocabulary
+    id_map = np.full(len(vocabulary), -1, dtype=np.int64)
+    id_map[present] = np.arange(len(present))
+    return id_map, Vocabulary([vocabulary[i] for i in present])
+
+
+def split_windows(windows: Windows, split: str, train_split: float, seed: int, shards_at_once: int = 0,
+                  validation: Optional[Windows] = None) -> tuple[Split, Split]:
+    """Train and test splits (data_config.split, train_split), identical on every rank for the same
+    seed. With a validation set (data_config.val_path), all of windows trains and all of validation
+    tests. Shards trained whole or cut contiguously are read shards_at_once at a time, in consecutive
+    windows."""
+    at_once = shards_at_once if windows.shards is not None else 0
+    if at_once and (validation is not None or split == CONTIGUOUS):
+        windows.in_consecutive_windows()
+    if validation is not None:
+        return Split(windows, 0, len(windows), shards_at_once=at_once), Split(validation, 0, len(validation))
+    if split == RANDOM:
+        # The original's random_split: a seeded permutation of all samples, cut at train_split.
+        train_len = int(len(windows) * train_split)
+        order = Permutation(len(windows), seed)
+        train = Split(windows, 0, train_len, order)
+        test = Split(windows, train_len, len(windows) - train_len, order)
+    else:
+        # Cut the text, not the windows: no character is seen by both sides.
+        cut = int(windows.num_chars * train_split)
+        first_test = windows.first_sample_from(cut)
+        train = Split(windows, 0, windows.samples_before(cut), shards_at_once=at_once)
+        test = Split(windows, first_test, max(len(windows) - first_test, 0))
+    if len(train) == 0 or len(test) == 0:
+        raise DataError(
+            f"data_config.train_split={train_split} leaves {len(train)} train and {len(test)} "
+            f"test samples of block_size {windows.block_size}; use more text or a smaller block_size"
+        )
+    return train, test
+
+
+def inputs_and_targets(windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x and y of a window (or a batch of them): two overlapping views of its memory, y shifted by
+    one token. A batch moves to a GPU as its windows, one contiguous (pinned) tensor and therefore
+    one asynchronous copy, and is split on the device; x and y moved apart would each be a strided
+    view, copied through a pageable temporary, twice."""
+    return windows[..., :-1], windows[..., 1:]
+
+
+def batch_on(device: torch.device, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch from the loaders as inputs and targets on device: its windows in one copy, or the
+    (x, y) pair of a dataset of another kind."""
+    if isinstance(batch, torch.Tensor):
+        return inputs_and_targets(batch.to(device, non_blocking=True))
+    return tuple(t.to(device, non_blocking=True) for t in batch)
+
+
+def in_windows(dataset: Dataset) -> Dataset:
+    """A dataset as the Trainer's loaders read it, a batch of windows at a time: Windows given whole
+    (a CharDataset) are a split of all their samples; a Split already is one. Another dataset is left
+    as it is (its (x, y) pairs then move to the device as two tensors)."""
+    return Split(dataset, 0, len(dataset)) if isinstance(dataset, Windows) else dataset
