@@ -2,6 +2,7 @@
 each optimizer at the learning rate a small sweep finds best.
 
     python bench/bench_muon.py [--target 2.0] [--max-steps 1000] [--phase sweep|time|both]
+    python bench/bench_muon.py --phase end --recipe small|default [--runs LABEL ...] [--load-note TEXT]
 
 Each run is `python mingpt/main.py --config-name laptop` (a 0.8M-parameter model, the whole text,
 contiguous split, evaluated every --eval-every steps on 16 batches) with the optimizer and learning
@@ -14,6 +15,15 @@ Two phases, so that the long sweep can share a busy machine: the sweep picks eac
 the fewest steps to the target (a count that does not depend on the machine's load; --threads per
 run), and the timing phase runs the two winners again, one after the other, on a machine left quiet,
 for the wall-clock figures the verdict compares. --phase time reads the sweep from the JSON file.
+
+--phase end (issue 59, item 4): what a user gets at the end of a fixed budget of steps, not how soon a
+loss is reached. Each run trains a recipe (RECIPES) to its last step, evaluating the whole held-out
+split every --eval-every steps; the file (bench/results/muon_end_<recipe>.json) keeps every run by its
+label, so the sweep resumes where it stopped and a run is measured once (--again to redo one). The
+verdict: each optimizer's lowest final loss over its runs (its best learning rate; Muon's runs at its
+defaults and at learning rates around them), the ratio of the two, and how much sooner Muon's
+evaluations reach the loss AdamW ends at (in steps; the seconds of a run measured under load are
+recorded but not compared).
 """
 import argparse
 import functools
@@ -31,6 +41,23 @@ from common import REPO, RESULTS, save_json
 
 EVAL_LINE = re.compile(r"\| Step (\d+) \| Eval Loss ([\d.]+)")
 TARGET_SPEEDUP = 1.2
+TARGET_SOONER = 1.3
+"""Issue 59: Muon reaches the loss AdamW ends at at least this much sooner."""
+
+RECIPES = {
+    # nanoGPT's small character recipe: 4 layers, 4 heads, 128 wide, block 64, batch 32, AdamW at 1e-3
+    # constant, dropout 0.1, weight decay 0.1, tiny-shakespeare's contiguous 90/10 split, 3,000 steps, fp32.
+    "small": {"config": "laptop", "steps": 3000, "overrides": [
+        "gpt_config.embd_pdrop=0.1", "gpt_config.resid_pdrop=0.1", "gpt_config.attn_pdrop=0.1",
+        "trainer_config.use_amp=False", "optimizer_config.lr_schedule=constant", "optimizer_config.warmup_steps=0",
+        "optimizer_config.learning_rate=0.001", "optimizer_config.weight_decay=0.1"]},
+    # The default model (8 layers, 8 heads, 512 wide, block 128: gpt2_train_cfg.yaml's) on the same held-out
+    # data and batch, bf16 as the default run computes on this CPU, for a budget a CPU can sweep.
+    "default": {"config": "gpt2_train_cfg", "steps": 1000, "overrides": [
+        "data_config.truncate=1.0", "data_config.split=contiguous", "trainer_config.batch_size=32",
+        "optimizer_config.lr_schedule=constant", "optimizer_config.warmup_steps=0"]},
+}
+"""Each recipe: the config it starts from, its budget of steps and its overrides; a run adds its own."""
 
 
 def time_to_target(overrides: list[str], target: float, max_steps: int, eval_every: int,
@@ -81,6 +108,75 @@ def sweep(args: argparse.Namespace, run) -> dict:
     return {"adamw": adamw, "muon": muon, "adamw_best": best_adamw, "muon_best": fewest_steps(muon)}
 
 
+def run_to_the_end(recipe: dict, extra: list[str], eval_every: int, folder: Path, threads: Optional[int]) -> dict:
+    """One run of a recipe to its last step: every evaluation (step, loss, seconds since the start)."""
+    snapshot = folder / f"end_{abs(hash(tuple(extra)))}.pt"
+    command = [sys.executable, str(REPO / "mingpt" / "main.py"), "--config-name", recipe["config"],
+               *recipe["overrides"], f"trainer_config.snapshot_path={snapshot}",
+               f"trainer_config.max_steps={recipe['steps']}", f"trainer_config.eval_every_steps={eval_every}",
+               "trainer_config.eval_batches=100", "trainer_config.progress_interval_s=3600",
+               "trainer_config.data_loader_workers=0", *extra]
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    start = time.monotonic()
+    process = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    evaluations = []
+    for line in process.stdout.splitlines():
+        found = EVAL_LINE.search(line)
+        if found:
+            evaluations.append((int(found[1]), float(found[2])))
+    for leftover in folder.glob(f"{snapshot.stem}*"):
+        leftover.unlink()
+    if process.returncode != 0 or not evaluations:
+        raise SystemExit(f"{' '.join(extra)}: exit {process.returncode}\n{process.stdout[-3000:]}")
+    final = evaluations[-1][1]
+    print(f"{' '.join(extra) or '(recipe as it is)'}: final eval loss {final:.4f} "
+          f"({time.monotonic() - start:.0f} s)", flush=True)
+    return {"overrides": extra, "evaluations": evaluations, "final": final, "seconds": time.monotonic() - start}
+
+
+def first_step_at(evaluations: list, loss: float) -> Optional[int]:
+    return next((step for step, value in evaluations if value <= loss), None)
+
+
+def end_verdict(runs: dict, steps: int) -> dict:
+    """Each optimizer's best run (lowest final loss), their ratio, and Muon's steps to AdamW's end."""
+    best = {}
+    for name in ("adamw", "muon"):
+        mine = {label: run for label, run in runs.items() if label.split(":")[0] == name}
+        if mine:
+            label = min(mine, key=lambda key: mine[key]["final"])
+            best[name] = {"label": label, "final": mine[label]["final"]}
+    verdict = {"best": best}
+    if len(best) == 2:
+        adamw_end = best["adamw"]["final"]
+        reached = first_step_at(runs[best["muon"]["label"]]["evaluations"], adamw_end)
+        verdict.update(muon_over_adamw=best["muon"]["final"] / adamw_end, lower_met=best["muon"]["final"] < adamw_end,
+                       muon_steps_to_adamw_end=reached,
+                       sooner=steps / reached if reached else None, target_sooner=TARGET_SOONER,
+                       sooner_met=reached is not None and steps / reached >= TARGET_SOONER)
+    return verdict
+
+
+def end_phase(args: argparse.Namespace) -> None:
+    """Fixed-budget runs of one recipe, each kept in the JSON file by its label as soon as it ends."""
+    recipe = RECIPES[args.recipe]
+    path = args.json if args.json != RESULTS / "muon.json" else RESULTS / f"muon_end_{args.recipe}.json"
+    saved = json.loads(path.read_text()) if path.exists() else {}
+    runs = saved.get("runs", {})
+    folder = Path(tempfile.mkdtemp(prefix="bench-muon-end-"))
+    for label in args.runs:
+        if label in runs and not args.again:
+            continue
+        name, _, settings = label.partition(":")
+        extra = [f"optimizer_config.name={name}",
+                 *(f"optimizer_config.{setting}" for setting in settings.split(",") if setting)]
+        runs[label] = {**run_to_the_end(recipe, extra, args.eval_every, folder, args.threads),
+                       "load_note": args.load_note}
+        save_json(path, {"recipe": {**recipe, "name": args.recipe}, "runs": runs,
+                         "verdict": end_verdict(runs, recipe["steps"])})
+    print(json.dumps(end_verdict(runs, recipe["steps"]), indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -89,10 +185,18 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--adamw-rates", type=float, nargs="+", default=[1e-3, 3e-3, 6e-3])
     parser.add_argument("--muon-rates", type=float, nargs="+", default=[0.01, 0.02, 0.04])
-    parser.add_argument("--phase", choices=["sweep", "time", "both"], default="both")
+    parser.add_argument("--phase", choices=["sweep", "time", "both", "end"], default="both")
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="small", help="--phase end: the recipe")
+    parser.add_argument("--runs", nargs="+", default=["adamw:learning_rate=0.001", "muon:"],
+                        help="--phase end: NAME:KEY=VALUE,... (optimizer_config's), each a run")
+    parser.add_argument("--again", action="store_true", help="--phase end: measure runs already in the file again")
+    parser.add_argument("--load-note", default="", help="--phase end: what else the machine ran meanwhile")
     parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of the sweep's runs")
     parser.add_argument("--json", type=Path, default=RESULTS / "muon.json")
     args = parser.parse_args()
+    if args.phase == "end":
+        end_phase(args)
+        return
     folder = Path(tempfile.mkdtemp(prefix="bench-muon-"))
     run = functools.partial(time_to_target, target=args.target, max_steps=args.max_steps,
                             eval_every=args.eval_every, folder=folder)

@@ -5,6 +5,7 @@ beyond its modules, nor parallelism.
 """
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -23,8 +24,8 @@ class OptimizerConfig:
     name: str = "adamw"
     """adamw (the original's), or muon: torch.optim.Muon (orthogonalised momentum) for the blocks'
     weight matrices, AdamW for the embeddings, the output layer, biases and LayerNorms, as
-    modded-nanogpt and nanochat train them. DDP only: Muon orthogonalises each whole matrix, which
-    FSDP and HSDP shard."""
+    modded-nanogpt and nanochat train them. Under fsdp and hsdp each matrix is orthogonalised whole
+    by one of the ranks that shard it, the work spread evenly (distributed/muon.py)."""
     muon_learning_rate: float = 0.02
     """name=muon: Muon's peak learning rate (Keller Jordan's 0.02), scheduled as learning_rate is."""
     muon_momentum: float = 0.95
@@ -103,16 +104,54 @@ def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
             if isinstance(module, nn.Linear) and ".blocks." in f".{name}."]
 
 
-def create_optimizer(model: nn.Module, config: OptimizerConfig) -> torch.optim.Optimizer:
+def create_optimizer(model: nn.Module, config: OptimizerConfig,
+                     muon: type[torch.optim.Optimizer] = torch.optim.Muon) -> torch.optim.Optimizer:
     """The original's create_optimizer: AdamW with GPT-2's betas, decaying Linear weights only; the
     fused kernel where every parameter lives on CUDA or every one on the CPU (a fused step also takes
-    fp16's overflow flag without a host sync). With name=muon, Muon for the hidden matrices besides."""
+    fp16's overflow flag without a host sync). With name=muon, Muon for the hidden matrices besides:
+    torch.optim.Muon, or a class of its arguments and state that orthogonalises matrices sharded over
+    ranks (distributed/muon.py's, which distributed.muon.optimizer_for picks for a sharded model)."""
     device_types = {p.device.type for p in model.parameters()}
     fused = device_types <= {"cuda"} or device_types <= {"cpu"}
     if config.name == "muon":
-        return MuonWithAdamW(model, config, fused)
+        return MuonWithAdamW(model, config, fused, muon)
     return torch.optim.AdamW(parameter_groups(model, config.weight_decay), lr=config.learning_rate,
                              betas=(0.9, 0.95), fused=fused)
+
+
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+"""Keller Jordan's quintic Newton-Schulz coefficients, torch.optim.Muon's defaults."""
+
+
+def orthogonalise(update: torch.Tensor, steps: int = 5, coefficients: tuple[float, float, float] = NS_COEFFICIENTS,
+                  eps: float = 1e-7) -> torch.Tensor:
+    """Muon's orthogonalisation of one whole matrix (about U V^T of its SVD), in bf16, step for step as
+    torch.optim.Muon computes it (tests/test_optimizer.py holds the two equal, bit for bit), so that a
+    matrix orthogonalised on a rank of a sharded run is the one a single process would have made.
+    A bf16 update is worked on in place."""
+    a, b, c = coefficients
+    x = update.bfloat16()
+    tall = update.size(0) > update.size(1)
+    if tall:  # the Gram matrix of the shorter side: (short x short) products
+        x = x.T
+    x.div_(x.norm().clamp(min=eps))  # the spectral norm at most 1, where the iteration converges
+    for _ in range(steps):
+        gram = x @ x.T
+        polynomial = torch.addmm(gram, gram, gram, beta=b, alpha=c)
+        x = torch.addmm(x, polynomial, x, beta=a)
+    return x.T if tall else x
+
+
+def muon_scale(shape: torch.Size, adjust_lr_fn: Optional[str]) -> float:
+    """What torch.optim.Muon multiplies its learning rate by for a matrix of this (whole) shape, so
+    that every matrix's update has about the same RMS: Keller Jordan's sqrt(max(1, rows / columns))
+    (None, "original"), or Moonshot's 0.2 sqrt(max(rows, columns)) ("match_rms_adamw")."""
+    rows, columns = shape[:2]
+    if adjust_lr_fn in (None, "original"):
+        return math.sqrt(max(1.0, rows / columns))
+    if adjust_lr_fn == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(rows, columns))
+    return 1.0
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
@@ -121,13 +160,14 @@ class MuonWithAdamW(torch.optim.Optimizer):
     state are the two optimizers' own, shared, so state_dict and load_state_dict, and the
     distributed state dicts, see one optimizer of both kinds of groups)."""
 
-    def __init__(self, model: nn.Module, config: OptimizerConfig, fused: bool):
+    def __init__(self, model: nn.Module, config: OptimizerConfig, fused: bool,
+                 muon: type[torch.optim.Optimizer] = torch.optim.Muon):
         hidden = {id(p) for p in hidden_matrices(model)}
         muon_group = {"params": [p for p in model.parameters() if id(p) in hidden], MUON_GROUP: True}
         adamw_groups = [{**group, "params": [p for p in group["params"] if id(p) not in hidden]}
                         for group in parameter_groups(model, config.weight_decay)]
-        self.muon = torch.optim.Muon([muon_group], lr=config.muon_learning_rate, momentum=config.muon_momentum,
-                                     weight_decay=config.weight_decay)
+        self.muon = muon([muon_group], lr=config.muon_learning_rate, momentum=config.muon_momentum,
+                         weight_decay=config.weight_decay)
         self.adamw = torch.optim.AdamW(adamw_groups, lr=config.learning_rate, betas=(0.9, 0.95), fused=fused)
         super().__init__([*self.muon.param_groups, *self.adamw.param_groups], {})
         self.param_groups = [*self.muon.param_groups, *self.adamw.param_groups]  # the same dicts

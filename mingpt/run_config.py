@@ -51,10 +51,6 @@ class TrainConfig:
         for derived, source in derived_keys:
             check(getattr(self.gpt_config, derived) is None, f"gpt_config.{derived}",
                   f"comes from {source}; do not set it")
-        check(self.optimizer_config.name != "muon" or self.trainer_config.distributed_method == "ddp",
-              "optimizer_config.name", f"muon orthogonalises each whole weight matrix, which "
-              f"{self.trainer_config.distributed_method} shards over the ranks; use "
-              "trainer_config.distributed_method=ddp, or optimizer_config.name=adamw")
         self.fault_tolerance_config.check_method(self.trainer_config.distributed_method)
 
 

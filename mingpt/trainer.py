@@ -29,7 +29,8 @@ from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, all_red
 from mingpt.distributed.fault_tolerance import FaultToleranceConfig, Replicas, plain
 from mingpt.distributed.divergence import SpikeRule
 from mingpt.distributed.guard import RunGuard
-from mingpt.optimizer import OptimizerConfig, create_optimizer, learning_rate_at, set_learning_rate
+from mingpt.distributed.muon import optimizer_for
+from mingpt.optimizer import OptimizerConfig, learning_rate_at, set_learning_rate
 from mingpt.planning.memory import Placement, check_memory, plan_memory
 from mingpt.reporting import hellaswag_eval
 from mingpt.reporting.metrics import default_metrics_path, replica_group_metrics_path
@@ -285,7 +286,7 @@ class Trainer:
         """How this rank's model is wrapped (under fault tolerance, how its replica group holds it)."""
         self.model = parallel.parallelize(model, self.parallelism, self.precision, env, compile=config.compile,
                                           comm_hook=self.replicas.comm_hook)
-        self.optimizer = self.replicas.committing(create_optimizer(self.model, self.optimizer_config))
+        self.optimizer = self.replicas.committing(optimizer_for(self.model, self.optimizer_config))
         self.scaler = parallel.grad_scaler(self.model, self.precision, env)
         fsdp_casts = parallel.computes_in_precision(self.model)  # then autocast would only add casts
         self.autocast = contextlib.nullcontext if fsdp_casts else self.precision.autocast

@@ -460,10 +460,9 @@ def test_a_bpe_run_resumes_bit_for_bit_and_its_snapshot_speaks(text_file, tmp_pa
 
 
 @pytest.mark.slow
-def test_a_muon_run_resumes_bit_for_bit_and_is_refused_where_it_would_be_sharded(text_file, tmp_path, capsys,
-                                                                                one_torch_thread):
+def test_a_muon_run_resumes_bit_for_bit(text_file, tmp_path, capsys, one_torch_thread):
     """optimizer_config.name=muon: 6 steps unbroken, and from the step-3 snapshot alone, end alike (Muon's
-    momentum buffers and AdamW's moments in the snapshot); under FSDP one line says why not."""
+    momentum buffers and AdamW's moments in the snapshot). Under fsdp and hsdp: tests/end_to_end/test_muon_runs.py."""
     muon = dict(optimizer_config__name="muon", trainer_config__max_steps=6, trainer_config__save_every_steps=3)
     assert_ok(run_main_in_process(tiny_overrides(text_file, tmp_path / "a", **muon), capsys))
     (tmp_path / "b").mkdir()
@@ -476,10 +475,6 @@ def test_a_muon_run_resumes_bit_for_bit_and_is_refused_where_it_would_be_sharded
     assert "momentum_buffer" in state["optimizer"]["blocks.0.attn.qkv.weight"]
     assert "exp_avg" in state["optimizer"]["tok_emb.weight"]
     assert_same_state(final_state(last[1]), state)
-    sharded = run_main_in_process(tiny_overrides(text_file, tmp_path / "c", **muon,
-                                                 trainer_config__distributed_method="fsdp"), capsys)
-    assert one_error_line(sharded).startswith("error: optimizer_config.name: muon orthogonalises each whole "
-                                              "weight matrix, which fsdp shards over the ranks")
 
 
 @pytest.mark.slow

@@ -7,14 +7,6 @@ import torch.nn.functional as F
 
 from mingpt.common.errors import ConfigError
 from mingpt.model import GPT, PRESETS, GPTConfig, causal_attention, dropout, keep_mask, parameter_seed
-from mingpt.optimizer import (
-    MUON_GROUP,
-    OptimizerConfig,
-    create_optimizer,
-    learning_rate_at,
-    parameter_groups,
-    set_learning_rate,
-)
 
 
 def tiny_gpt(**overrides) -> GPT:
@@ -155,53 +147,6 @@ def test_initial_weights_come_from_the_seed_and_each_name_alone():
     assert parameter_seed(1337, "tok_emb.weight") == 6542469318479812424
 
 
-def test_weight_decay_applies_to_linear_weights_only():
-    model = tiny_gpt()
-    decay, no_decay = parameter_groups(model, 0.1)
-    linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
-    assert {id(p) for p in decay["params"]} == linear_weights
-    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
-    for name in ("tok_emb.weight", "pos_emb.weight", "ln_f.weight", "blocks.0.attn.qkv.bias"):
-        param = model.get_parameter(name)
-        assert any(param is p for p in no_decay["params"]), name
-
-
-def test_optimizer_is_adamw_with_gpt2_betas():
-    optimizer = create_optimizer(tiny_gpt(), OptimizerConfig(learning_rate=1e-3, weight_decay=0.2))
-    assert isinstance(optimizer, torch.optim.AdamW)
-    group = optimizer.param_groups[0]
-    assert group["betas"] == (0.9, 0.95) and group["lr"] == 1e-3 and group["weight_decay"] == 0.2
-    assert group["fused"] is True
-
-
-def test_muon_trains_the_hidden_matrices_and_adamw_the_rest():
-    """The blocks' weight matrices under torch.optim.Muon (one momentum each), the embeddings, the
-    output layer, biases and LayerNorms under AdamW (two moments); one optimizer to the Trainer,
-    whose schedule moves both peaks alike and whose state round-trips."""
-    model = tiny_gpt()
-    optimizer = create_optimizer(model, OptimizerConfig(name="muon", learning_rate=1e-3, muon_learning_rate=0.02))
-    hidden = {name for name, module in model.named_modules() if isinstance(module, nn.Linear)} - {"head"}
-    muon = {id(p) for group in optimizer.param_groups if group.get(MUON_GROUP) for p in group["params"]}
-    assert muon == {id(model.get_submodule(name).weight) for name in hidden}
-    assert len(optimizer.muon.param_groups) == 1 and len(optimizer.adamw.param_groups) == 2
-    ids = torch.randint(50, (4, 8))
-    for _ in range(2):
-        optimizer.zero_grad()
-        model(ids, ids)[1].backward()
-        optimizer.step()
-    kinds = {name: sorted(optimizer.state[p]) for name, p in model.named_parameters()}
-    assert kinds["blocks.0.attn.qkv.weight"] == ["momentum_buffer"]
-    assert kinds["tok_emb.weight"] == kinds["head.weight"] == ["exp_avg", "exp_avg_sq", "step"]
-    set_learning_rate(optimizer, 0, 10, OptimizerConfig(name="muon", learning_rate=1e-3, warmup_steps=4))
-    assert sorted(group["lr"] for group in optimizer.param_groups) == [2.5e-4, 2.5e-4, 0.005]
-    again = create_optimizer(model, OptimizerConfig(name="muon"))
-    again.load_state_dict(optimizer.state_dict())
-    assert again.muon.state is again.state and torch.equal(
-        again.state[model.blocks[0].attn.qkv.weight]["momentum_buffer"],
-        optimizer.state[model.blocks[0].attn.qkv.weight]["momentum_buffer"])
-
-
 def test_presets_fill_the_sizes():
     config = GPTConfig(model_type="gpt-mini", n_layer=None, n_head=None, n_embd=None)
     assert (config.n_layer, config.n_head, config.n_embd) == PRESETS["gpt-mini"] == (6, 6, 192)
@@ -238,39 +183,7 @@ def test_an_initial_value_may_be_asked_for_a_few_rows():
         assert torch.equal(model.initial_value(name, slice(3, 7)), model.initial_value(name)[3:7])
 
 
-def test_bad_optimizer_config_names_the_key():
-    with pytest.raises(ConfigError, match="optimizer_config.learning_rate"):
-        OptimizerConfig(learning_rate=0)
-    with pytest.raises(ConfigError, match="optimizer_config.name: must be one of adamw, muon"):
-        OptimizerConfig(name="lion")
-
-
 def test_flops_per_token_counts_matmul_weights():
     model = tiny_gpt()
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
     assert model.flops_per_token() == 6 * linear + 6 * 2 * 16 * 32
-
-
-def test_learning_rate_warms_up_then_follows_the_schedule():
-    cosine = OptimizerConfig(learning_rate=1.0, lr_schedule="cosine", warmup_steps=10, min_lr_ratio=0.1)
-    assert learning_rate_at(0, 110, cosine) == pytest.approx(0.1)
-    assert learning_rate_at(9, 110, cosine) == pytest.approx(1.0)
-    assert learning_rate_at(60, 110, cosine) == pytest.approx(0.55)  # half way down the cosine
-    assert learning_rate_at(110, 110, cosine) == pytest.approx(0.1)
-    assert learning_rate_at(500, 110, cosine) == pytest.approx(0.1)
-    constant = OptimizerConfig(learning_rate=0.5)
-    assert {learning_rate_at(step, 100, constant) for step in (0, 50, 99)} == {0.5}
-
-
-def test_bad_schedule_names_the_key():
-    with pytest.raises(ConfigError, match="optimizer_config.lr_schedule"):
-        OptimizerConfig(lr_schedule="linear")
-
-
-def test_the_optimizer_is_named_as_the_run_starts():
-    assert OptimizerConfig().describe() == ("AdamW, learning rate 0.0003, constant, weight decay 0.1 "
-                                            "(optimizer_config.name)")
-    muon = OptimizerConfig(name="muon", warmup_steps=100, lr_schedule="cosine")
-    assert muon.describe() == ("Muon for the blocks' matrices (learning rate 0.02, momentum 0.95), AdamW, learning "
-                               "rate 0.0003, cosine after 100 warmup steps, weight decay 0.1 for the rest "
-                               "(optimizer_config.name)")
