@@ -1,4 +1,4 @@
-"""A real cluster on this machine, for tests/test_cluster.py.
+"""A real cluster on this machine, for tests/end_to_end/test_cluster.py.
 
 - `SlurmCluster`: munged, slurmctld and two slurmd "nodes" (n1, n2) on this host, from Debian's
   packages, each with its own key, socket, ports and spool directories, so that it touches nothing

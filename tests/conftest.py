@@ -38,8 +38,8 @@ def pytest_configure(config):
         os.environ[CACHE_DIR_ENV] = config.suite_cache
 
 
-LONGEST_FIRST = ("end_to_end/test_cluster.py", "end_to_end/test_fault_tolerance.py", "bench/test_bench_ft.py",
-                 "end_to_end/test_fault_tolerant_runs.py", "test_main.py",
+LONGEST_FIRST = ("end_to_end/test_cluster.py", "end_to_end/test_exact_resume.py", "bench/test_bench_ft.py",
+                 "end_to_end/test_fault_tolerant_runs.py", "end_to_end/test_hangs.py", "test_main.py",
                  "storage/test_sharded_store.py", "distributed/test_parallel.py",
                  "distributed/test_precision.py")
 """The files that take longest, started first: begun last, one would keep a worker busy after the

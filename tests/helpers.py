@@ -338,6 +338,13 @@ def one_error_line(result) -> str:
     return lines[0]
 
 
+def the_error_line(output: str) -> str:
+    """The one `error:` line a run said (said once for the world, by whichever rank speaks for it)."""
+    said = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(said) == 1, output
+    return said[0]
+
+
 LAUNCHER_TRACEBACK = re.compile(r"^Traceback \(most recent call last\):\n(?:\s.*\n)+"
                                 r"torch\.distributed\.elastic\.multiprocessing\.errors\.ChildFailedError:.*\n"
                                 r"=+\n(?:.*\n)*?=+$", re.M)

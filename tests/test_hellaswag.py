@@ -1,7 +1,7 @@
 """hellaswag.py on a tiny trained snapshot and a tiny GPT-2 folder, its one-line refusals, and the
 evaluation during training: on 2 ranks (FSDP) it scores the run's last snapshot as the command scores
 it in one process, each time after that step's snapshot. How items are scored:
-tests/reporting/test_hellaswag.py."""
+tests/reporting/test_hellaswag_eval.py."""
 import re
 import subprocess
 import sys

@@ -1,6 +1,6 @@
 """Activation checkpointing in one process, through the Trainer: the same gradients as without it,
 with dropout on and under bf16 autocast, and fewer bytes held for the backward pass.
-(Under DDP and FSDP on 2 ranks: tests/test_parallel.py.)"""
+(Under DDP and FSDP on 2 ranks: tests/distributed/test_parallel.py.)"""
 import pytest
 import torch
 from helpers import make_text

@@ -1,5 +1,5 @@
 """watchdog.py: which rank hangs, from what each rank posted, timed by the judging rank's clock (the
-real runs: tests/end_to_end/test_fault_tolerance.py)."""
+real runs: tests/end_to_end/test_hangs.py)."""
 import io
 import os
 import socket

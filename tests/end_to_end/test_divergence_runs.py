@@ -1,14 +1,27 @@
 """The divergence watch on real runs of main.py (in this process) on real text: a slow rise caught and
 its snapshots set aside, a change of data that the run learns left alone, a snapshot at every step
-still leaving a healthy one to go back to (issues 54 and 55). The rules themselves, step by step:
+still leaving a healthy one to go back to (issues 54 and 55); and on two torchrun ranks under FSDP,
+every rank stopping at the same step. The rules themselves, step by step:
 tests/distributed/test_divergence.py; the stores' copies: tests/storage/test_checkpointer.py."""
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, assert_ok, one_error_line, run_main_in_process, tiny_overrides
+from helpers import (
+    MAIN,
+    REPO,
+    TORCHRUN,
+    assert_ok,
+    one_error_line,
+    run,
+    run_main_in_process,
+    sha256,
+    the_error_line,
+    tiny_overrides,
+)
 
 SHAKESPEARE = REPO / "data" / "input.txt"
 DIVERGED = re.compile(r"error: training diverged: the loss (?:rose|spiked) from step (\d+)\D.*; stopped, "
@@ -120,3 +133,24 @@ def test_a_folder_keeping_one_snapshot_saved_at_every_step_goes_back_to_a_health
     assert f"(step {resume_step}, sample " in resumed.stdout
     losses = [loss for step, loss in train_losses(folder / "metrics.jsonl").items() if step > resume_step]
     assert len(losses) == 40 and sum(losses[-5:]) < sum(losses[:5]), losses  # it learns on from there
+
+
+# Divergence on 2 ranks: every rank stops at the same step, one line (said once), the snapshot kept.
+
+@pytest.mark.slow
+def test_a_diverging_fsdp_run_on_two_ranks_stops_together_and_keeps_its_snapshot(ddp_two_epochs, text_file,
+                                                                                   tmp_path):
+    """Resumed under FSDP (sharded weights: each rank checks its shards) from the DDP run's epoch-1
+    snapshot, with a learning rate that ruins the weights at the first step."""
+    snapshot = tmp_path / "snap.pt"
+    shutil.copy(ddp_two_epochs.snapshots[0], snapshot)
+    before = sha256(snapshot)
+    overrides = tiny_overrides(text_file, snapshot, trainer_config__max_epochs=2,
+                               trainer_config__distributed_method="fsdp", optimizer_config__learning_rate=1e6,
+                               trainer_config__grad_norm_clip=1e9)
+    result = run([*TORCHRUN, "--standalone", "--nproc_per_node=2", MAIN, *overrides])
+    assert result.returncode == 1, result.stderr
+    said = the_error_line(result.stderr)  # by whichever rank reached the store first
+    assert re.match(r"error: training diverged: the loss is not finite from step", said), said
+    assert re.search(r"resume from \S+snap\.pt \(step 85, the newest snapshot healthy steps followed\)", said), said
+    assert "Snapshot saved" not in result.stdout and sha256(snapshot) == before

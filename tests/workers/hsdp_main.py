@@ -1,4 +1,5 @@
-"""Entry for the HSDP test (tests/test_cluster.py): mingpt/main.py under torchrun, with instruments.
+"""Entry for the HSDP test (tests/end_to_end/test_cluster.py): mingpt/main.py under torchrun, with
+instruments.
 
     ALSO_SHARDED=FOLDER [SHARDS_DIR=DIR] torchrun ... tests/workers/hsdp_main.py [hydra overrides]
 
