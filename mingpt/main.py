@@ -37,6 +37,7 @@ from mingpt.distributed.process_group import (
     record_nccl_collectives,
     said_elsewhere,
 )
+from mingpt.storage.checkpointer import holding_the_path
 from mingpt.run_config import HydraSpeech, TrainConfig, load_config, run_command_line
 from mingpt.start_up import TrainObjects, start_trainer, train_objects
 from mingpt.storage.snapshot import snapshot_folder
@@ -61,12 +62,16 @@ def get_train_objs(config: TrainConfig, env: DistEnv) -> TrainObjects:
 
 
 def train(config: TrainConfig, env: DistEnv) -> None:
-    """Build the run, say what is about to run, train."""
-    trainer, summary = start_trainer(config, env, get_train_objs(config, env))
-    for line in summary:
-        log.info(line)
-    trainer.track(config.tracker_config, asdict(config), summary)
-    trainer.train()
+    """Build the run, say what is about to run, train: the snapshot path held from the Trainer's start
+    to the run's end, however it ends (one run per path: storage/lease.py)."""
+    objects = get_train_objs(config, env)
+    policy = config.trainer_config.snapshot_policy(config.fault_tolerance_config)
+    with holding_the_path(policy, env) as lease:
+        trainer, summary = start_trainer(config, env, objects, lease)
+        for line in summary:
+            log.info(line)
+        trainer.track(config.tracker_config, asdict(config), summary)
+        trainer.train()
 
 
 @hydra.main(version_base=None, config_path=".", config_name="gpt2_train_cfg")

@@ -28,6 +28,7 @@ from mingpt.distributed.process_group import DistEnv, barrier
 from mingpt.model import GPT
 from mingpt.run_config import TrainConfig
 from mingpt.storage.gpt2_folder import open_folder
+from mingpt.storage.lease import SnapshotLease
 from mingpt.tokens.sample_order import SampleOrder, split_of
 from mingpt.trainer import Trainer
 
@@ -81,10 +82,11 @@ def sample_order(config: TrainConfig, dataset: CharDataset) -> SampleOrder:
                           dataset.stride != 1, config.trainer_config.seed)
 
 
-def start_trainer(config: TrainConfig, env: DistEnv, objects: TrainObjects) -> tuple[Trainer, list[str]]:
-    """The Trainer of the run, with what it says as it starts (its summary: model, world, memory,
-    batch, data and snapshot lines)."""
+def start_trainer(config: TrainConfig, env: DistEnv, objects: TrainObjects,
+                  lease: Optional[SnapshotLease] = None) -> tuple[Trainer, list[str]]:
+    """The Trainer of the run (holding its snapshot path's lease, when the run took one), with what it
+    says as it starts (its summary: model, world, memory, batch, data and snapshot lines)."""
     model, dataset, train_set, test_set = objects
     trainer = Trainer(config.trainer_config, model, config.optimizer_config, train_set, test_set,
-                      dataset.vocabulary, env, sample_order(config, dataset), config.fault_tolerance_config)
+                      dataset.vocabulary, env, sample_order(config, dataset), config.fault_tolerance_config, lease)
     return trainer, trainer.summary(describe_data(config.data_config, dataset, train_set, test_set))

@@ -37,6 +37,7 @@ from mingpt.reporting.metrics import default_metrics_path, replica_group_metrics
 from mingpt.reporting.run_report import ReportSettings, RunReport
 from mingpt.reporting.trackers import TrackerConfig
 from mingpt.storage.checkpointer import LOWER_LEARNING_RATE, SNAPSHOT_FORMATS, Checkpointer, SnapshotPolicy
+from mingpt.storage.lease import SnapshotLease
 from mingpt.storage.snapshot import Progress, Snapshot
 from mingpt.tokens.data_loader import batches_per_rank, rank_loader
 from mingpt.tokens.sample_order import SampleOrder
@@ -214,7 +215,8 @@ class Trainer:
     def __init__(self, config: TrainerConfig, model: nn.Module, optimizer_config: OptimizerConfig,
                  train_dataset: Dataset, test_dataset: Optional[Dataset], vocab: Sequence[str], env: DistEnv,
                  sample_order: Optional[SampleOrder] = None,
-                 fault_tolerance: FaultToleranceConfig = FaultToleranceConfig()):
+                 fault_tolerance: FaultToleranceConfig = FaultToleranceConfig(),
+                 lease: Optional[SnapshotLease] = None):
         self.config, self.optimizer_config, self.env, self.vocab = config, optimizer_config, env, vocab
         self.block_size = model.config.block_size
         self.test_samples = len(test_dataset) if test_dataset is not None else 0
@@ -229,29 +231,28 @@ class Trainer:
         self._place(model)
         self.train_loader = self._prepare_dataloader(train_dataset, train=True)
         self.test_loader = self._prepare_dataloader(test_dataset, train=False) if test_dataset else None
-        self.checkpointer = Checkpointer(config.snapshot_policy(fault_tolerance), env, vocab, sample_order)
-        with self.checkpointer.released_on_error():  # a start-up that fails gives the path back
-            self.guard = RunGuard(env, config.hang_timeout_s, self.checkpointer.folder, self.checkpointer.kept,
-                                  compiled=config.compile, scaled=self.scaler.is_enabled(),
-                                  spike=SpikeRule(config.loss_spike_ratio, config.loss_spike_steps),
-                                  stop_signals=config.stop_signals, save_every_minutes=config.save_every_minutes)
-            """The hang watchdog, the divergence watch and the step agreement (distributed/guard.py)."""
-            watch = self.guard.watch
-            if watch.active:  # alone, no rank to compare with: no step is timed
-                watch.clock.time_arrival_at(parallel.unwrap(self.model).input_parameters())
-            self.progress = self._load_snapshot()
-            self.replicas.keep(self.model, self.optimizer, self.scaler, self.progress)  # what a joining group heals
-            self.steps_per_epoch = len(self.train_loader)
-            self.total_steps = self._planned_steps()
-            self.report = RunReport.open(config.report_settings(fault_tolerance), env, self.precision.matmul_dtype,
-                                         model.flops_per_token(), self.total_steps, self.progress.step,
-                                         watch.rank_times)
-            peak = self.report.monitor.peak_flops  # rank 0's, who warns
-            tokens_per_rank = config.batch_size * config.grad_accum_steps * self.block_size
-            step_flops = model.flops_per_token() * tokens_per_rank
-            self.step_estimate_s = step_flops / (ASSUMED_MFU * peak) if peak else 0.0
-            """A step's time before any is measured (0: unknown)."""
-            watch.check_timeout(self.step_estimate_s)
+        self.checkpointer = Checkpointer(config.snapshot_policy(fault_tolerance), env, vocab, sample_order, lease)
+        self.guard = RunGuard(env, config.hang_timeout_s, self.checkpointer.folder, self.checkpointer.kept,
+                              compiled=config.compile, scaled=self.scaler.is_enabled(),
+                              spike=SpikeRule(config.loss_spike_ratio, config.loss_spike_steps),
+                              stop_signals=config.stop_signals, save_every_minutes=config.save_every_minutes)
+        """The hang watchdog, the divergence watch and the step agreement (distributed/guard.py)."""
+        watch = self.guard.watch
+        if watch.active:  # alone, no rank to compare with: no step is timed
+            watch.clock.time_arrival_at(parallel.unwrap(self.model).input_parameters())
+        self.progress = self._load_snapshot()
+        self.replicas.keep(self.model, self.optimizer, self.scaler, self.progress)  # what a joining group heals
+        self.steps_per_epoch = len(self.train_loader)
+        self.total_steps = self._planned_steps()
+        self.report = RunReport.open(config.report_settings(fault_tolerance), env, self.precision.matmul_dtype,
+                                     model.flops_per_token(), self.total_steps, self.progress.step,
+                                     watch.rank_times)
+        peak = self.report.monitor.peak_flops  # rank 0's, who warns
+        tokens_per_rank = config.batch_size * config.grad_accum_steps * self.block_size
+        step_flops = model.flops_per_token() * tokens_per_rank
+        self.step_estimate_s = step_flops / (ASSUMED_MFU * peak) if peak else 0.0
+        """A step's time before any is measured (0: unknown)."""
+        watch.check_timeout(self.step_estimate_s)
 
     def _prepare_dataloader(self, dataset: Dataset, train: bool) -> DataLoader:
         """The original's _prepare_dataloader: this rank's share of a split, in the global order of
@@ -332,16 +333,13 @@ class Trainer:
     def track(self, config: TrackerConfig, run_config: dict[str, Any], summary: list[str]) -> None:
         """Send the metrics to run trackers too, continuing the tracked runs of a resumed snapshot
         (under fault tolerance, replica group 0's metrics: one tracked run)."""
-        if self.fault_tolerance.follows:
-            return
-        with self.checkpointer.released_on_error():
+        if not self.fault_tolerance.follows:
             self.report.track(config, self.checkpointer.folder, self.progress, run_config, summary)
 
     def train(self) -> None:
         """Epochs until the budget (max_epochs, or max_steps) is spent; raises RunStopped when a
         stop signal ended the run early (after its snapshot)."""
         if self._budget_spent():
-            self.checkpointer.release()
             self.report.close(self._nothing_left())
             return
         self.report.monitor.forecast(self.total_steps - self.progress.step, self.step_estimate_s)

@@ -15,7 +15,7 @@ replays the unbroken run exactly.
 import contextlib
 import threading
 from dataclasses import asdict, dataclass, replace
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -31,7 +31,7 @@ from mingpt.distributed.process_group import DistEnv, all_gather_objects, any_ra
 from mingpt.storage.background_save import BackgroundSaves
 from mingpt.storage.sharded_store import ShardedSnapshotStore
 from mingpt.storage.lease import SnapshotLease
-from mingpt.storage.snapshot import TRAINING_KEY, Progress, Snapshot
+from mingpt.storage.snapshot import TRAINING_KEY, Progress, Snapshot, snapshot_folder
 from mingpt.storage.store import FullStateStore, SnapshotStore
 from mingpt.tokens.sample_order import SampleOrder
 from mingpt.tokens.tokenizer import Vocabulary
@@ -100,11 +100,50 @@ def set_rng_states(state: dict[str, Optional[torch.Tensor]], device: torch.devic
             torch.cuda.manual_seed(fallback_seed)
 
 
+@contextlib.contextmanager
+def holding_the_path(policy: SnapshotPolicy, env: DistEnv) -> Iterator[Optional[SnapshotLease]]:
+    """A run's hold on its snapshot path, from its start to its end (main.py's `with`; every rank
+    enters it): rank 0 checks that the folder can be written and takes the path's lease (lease.py: one
+    run per path), and every rank raises what it found (said once), before any rank reads a snapshot
+    another run may be writing. However the run ends, the lease goes on the way out, so that the next
+    run takes the path at once (a store that has stopped answering gets RELEASE_WAIT_S: the lease then
+    goes stale, and the process must end). Yields rank 0's lease (None on the other ranks)."""
+    lease = SnapshotLease(policy.path) if env.is_main and policy.leased else None
+    refusal = None
+    if env.is_main:
+        try:
+            check_writable(snapshot_folder(policy.path), TRAINING_KEY)
+            if lease is not None:
+                lease.acquire()
+        except MinGPTError as error:
+            refusal = str(error)
+    refusal = first_said(refusal)
+    if refusal:
+        raise SnapshotError(refusal)
+    try:
+        yield lease
+    finally:
+        if lease is not None:
+            in_the_background(lease.release)
+
+
+def in_the_background(work: Callable[[], None]) -> None:
+    """work on a thread of its own, waited for RELEASE_WAIT_S at most; its failure unsaid (the run's
+    own error, if any, is the one to say)."""
+    def quietly() -> None:
+        with contextlib.suppress(Exception):
+            work()
+
+    thread = threading.Thread(target=quietly, daemon=True)
+    thread.start()
+    thread.join(RELEASE_WAIT_S)
+
+
 class Checkpointer:
     """Snapshots of one run, on every rank (each takes part in every save and restore)."""
 
     def __init__(self, policy: SnapshotPolicy, env: DistEnv, vocab: Sequence[str],
-                 sample_order: Optional[SampleOrder] = None):
+                 sample_order: Optional[SampleOrder] = None, lease: Optional[SnapshotLease] = None):
         self.policy = policy
         self.env = env
         self.sample_order = sample_order
@@ -126,40 +165,15 @@ class Checkpointer:
         self.unconfirmed: list[int] = []
         """Steps of this run's snapshots the watch has not judged yet (note_health)."""
         self._rng_to_restore: Optional[dict] = None
-        self.lease = SnapshotLease(policy.path) if env.is_main and policy.leased else None
-        """Global rank 0's hold on the snapshot path (lease.py): one run per path."""
-        self._take_the_path()
+        self.lease = lease
+        """Global rank 0's hold on the snapshot path, which the run took as it started (holding_the_path):
+        checked at every step, for another run may take it over."""
 
-    def _take_the_path(self) -> None:
-        """Rank 0 checks that the snapshot folder can be written and takes its lease; every rank
-        raises what it found (said once), before any rank reads a snapshot another run may be writing."""
-        refusal = None
-        if self.env.is_main:
-            try:
-                check_writable(self.store.folder, TRAINING_KEY)
-                if self.lease is not None:
-                    self.lease.acquire()
-            except MinGPTError as error:
-                refusal = str(error)
-        refusal = first_said(refusal)
-        if refusal:
-            raise SnapshotError(refusal)
-
-    def release(self) -> None:
-        """The run is over (or failing): its lease goes, so the next run takes the path at once, and
-        what was kept only for a divergence to go back to goes too. A store that has stopped
-        answering gets RELEASE_WAIT_S (the lease then goes stale; the process must end)."""
-        if self.lease is None:
-            return
-        lease, self.lease = self.lease, None
-        def release_and_tidy() -> None:
-            with contextlib.suppress(Exception):  # the run's own error, if any, is the one to say
-                lease.release()
-                self.store.tidy()
-
-        tidy = threading.Thread(target=release_and_tidy, daemon=True)
-        tidy.start()
-        tidy.join(RELEASE_WAIT_S)
+    def tidy(self) -> None:
+        """The run is over (or failing): what was kept only for a divergence to go back to goes (rank 0
+        of the run that holds the path). A store that has stopped answering gets RELEASE_WAIT_S."""
+        if self.env.is_main and self.policy.leased:
+            in_the_background(self.store.tidy)
 
     @property
     def folder(self) -> str:
@@ -328,21 +342,11 @@ class Checkpointer:
             raise error
 
     @contextlib.contextmanager
-    def released_on_error(self) -> Iterator[None]:
-        """A start-up that fails once the lease is taken (a refused snapshot, a tracker) releases it
-        there: the process may go on (a sweep's next job, a notebook, a test) and no refresher is left."""
-        try:
-            yield
-        except BaseException:
-            self.release()
-            raise
-
-    @contextlib.contextmanager
     def finished_on_error(self) -> Iterator[None]:
         """When training fails, the background save in flight is still finished (it is whole or not
         there: the write is atomic) before the process goes on to exit; the training error is the
         one reported, and one that failed is said as not finished, with the snapshot kept. However
-        training ends, the lease is released."""
+        training ends, the store is tidied."""
         try:
             yield
         except BaseException:
@@ -351,7 +355,7 @@ class Checkpointer:
                 log.info(f"A save in the background failed with the run ({short_reason(error)}): {self.kept()}")
             raise
         finally:
-            self.release()
+            self.tidy()
 
     def resume(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                scaler: torch.amp.GradScaler) -> Progress:

@@ -169,7 +169,7 @@ def test_the_copies_kept_for_a_divergence_go_when_the_run_ends(tmp_path, world_o
     kept = sorted(p.name for p in tmp_path.rglob("*.pt"))
     assert kept == {"file": ["snap.last_good.pt", "snap.previous.pt", "snap.pt"],
                     "folder": [f"snapshot_00000000{step}.pt" for step in (3, 4, 5)]}[layout]
-    saver.release()
+    saver.tidy()
     assert sorted(p.name for p in tmp_path.rglob("*.pt")) == {"file": ["snap.pt"],
                                                                "folder": ["snapshot_000000005.pt"]}[layout]
 

@@ -146,15 +146,16 @@ def test_a_run_whose_lease_another_run_took_over_saves_no_more(tmp_path, monkeyp
 
     from mingpt.model import GPT, GPTConfig
     from mingpt.optimizer import OptimizerConfig, create_optimizer
-    from mingpt.storage.checkpointer import Checkpointer, SnapshotPolicy
+    from mingpt.storage.checkpointer import Checkpointer, SnapshotPolicy, holding_the_path
     from mingpt.storage.snapshot import Progress, read_snapshot
 
     monkeypatch.setattr(lease, "REFRESH_S", 0.05)
     snapshot = str(tmp_path / "snap.pt")
     model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, vocab_size=2, block_size=4))
     training = model, create_optimizer(model, OptimizerConfig()), torch.amp.GradScaler("cpu", enabled=False)
-    saver = Checkpointer(SnapshotPolicy(path=snapshot), world_of_one, vocab=list("ab"))
-    try:
+    policy = SnapshotPolicy(path=snapshot)
+    with holding_the_path(policy, world_of_one) as held:  # as main.py takes it
+        saver = Checkpointer(policy, world_of_one, vocab=list("ab"), lease=held)
         saver.save("step 10", Progress(step=10, epoch_step=10, epoch_samples=40), *training)
         time.sleep(0.2)
         assert not saver.failed()  # its own refreshes are no takeover
@@ -165,8 +166,6 @@ def test_a_run_whose_lease_another_run_took_over_saves_no_more(tmp_path, monkeyp
             time.sleep(0.02)
         with pytest.raises(SnapshotError) as stopped:
             saver.save("step 20", Progress(step=20, epoch_step=20, epoch_samples=80), *training)
-    finally:
-        saver.release()
     assert str(stopped.value) == (
         f"trainer_config.snapshot_path: another run (host {socket.gethostname()}, pid {other_process.pid}) took "
         f"over the lease {lease_path(snapshot)} while this run could not refresh it; this run stops without "

@@ -117,7 +117,7 @@ def test_a_save_that_stalls_is_named_as_that_save_and_the_kept_snapshot_is_a_wri
             reader = unblock(pipe)
             saving.join(30)
             reader.join(30)
-        saver.release()
+        saver.tidy()
     assert not saving.is_alive()
     # The cause is the pipe's, as DCP handed it from the rank that met it (not "TypeError: StorageError").
     assert len(errors) == 1 and re.search(r"could not write snapshot .*\(OSError: \[Errno \d+\] [A-Z]", str(errors[0])), \
