@@ -1,3 +1,7 @@
+"""char_dataset.py, the original's file: the vocabulary of sorted characters, every position a sample
+(x and y shifted by one), a batch gathered at once, DataConfig's refusals naming the key, truncation
+keeping its own vocabulary, and a corpus read through fsspec or refused in one line. The splits and
+an evaluation's windows: tests/tokens/test_windows.py."""
 import numpy as np
 import pytest
 import torch
