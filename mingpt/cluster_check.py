@@ -158,11 +158,8 @@ def check_rank(config: TrainConfig, cluster: CheckedCluster, rank: int) -> RankC
         except MinGPTError as error:
             error.origin = f"[rank {rank} of {cluster.world_size}] "
             raise
-        try:
-            check = step_and_measure(config, cluster, trainer, summary, watch)
-            return replace(check, resident_peak=resident_peak())
-        finally:
-            trainer.checkpointer.release()  # its lease, in the temporary folder
+        check = step_and_measure(config, cluster, trainer, summary, watch)  # no lease: the run takes it
+        return replace(check, resident_peak=resident_peak())
 
 
 def step_and_measure(config: TrainConfig, cluster: CheckedCluster, trainer: Trainer, summary: list[str],

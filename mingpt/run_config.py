@@ -179,6 +179,7 @@ def config_reference(markdown: bool = False) -> str:
     for group in dataclasses.fields(TrainConfig):
         docs = field_docs(group.type)
         values = OmegaConf.to_container(defaults[group.name], resolve=False)
+        values = {key: values[key] for key in own_keys_first(group.type)}
         source = Path(inspect.getsourcefile(group.type)).relative_to(REPO_ROOT)
         if markdown:
             parts += [f"## {group.name}", "", f"`{group.type.__name__}`, in `{source}`.", "",
@@ -194,6 +195,14 @@ def config_reference(markdown: bool = False) -> str:
                                        subsequent_indent=" " * 6)
             parts.append("")
     return "\n".join(parts)
+
+
+def own_keys_first(cls: type) -> list[str]:
+    """A config's keys, its own class's first, then each group it takes keys from (its bases)."""
+    keys = []
+    for owner in [c for c in cls.__mro__ if c is not object]:
+        keys += [name for name in vars(owner).get("__annotations__", {}) if name not in keys]
+    return keys
 
 
 def shown(value: Any) -> str:

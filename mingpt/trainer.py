@@ -13,7 +13,7 @@ unseen sample of the epoch's global order, exactly as the unbroken run at the sa
 """
 import contextlib
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
@@ -23,20 +23,22 @@ from torch.utils.data import DataLoader, Dataset
 from mingpt.char_dataset import Spread, batch_on, in_windows
 from mingpt.common.errors import TrainingDiverged, check, check_choice, check_not_negative, check_positive
 from mingpt.distributed import control, parallel
-from mingpt.distributed.activation_checkpointing import CHECKPOINTING_MODES, checkpoint_blocks
-from mingpt.distributed.precision import AMP_DTYPES, resolve_precision
-from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, all_reduce_sum, first_said
+from mingpt.distributed.parallel import ParallelKeys
+from mingpt.distributed.activation_checkpointing import checkpoint_blocks
+from mingpt.distributed.precision import resolve_precision
+from mingpt.distributed.process_group import DistEnv, all_reduce_sum, first_said
 from mingpt.distributed.fault_tolerance import FaultToleranceConfig, Replicas, plain
 from mingpt.distributed.divergence import SpikeRule
-from mingpt.distributed.guard import RunGuard
+from mingpt.distributed.guard import RunGuard, WatchKeys
 from mingpt.distributed.muon import optimizer_for
 from mingpt.optimizer import OptimizerConfig, learning_rate_at, set_learning_rate
 from mingpt.planning.memory import Placement, check_memory, plan_memory
 from mingpt.reporting import hellaswag_eval
+from mingpt.reporting.hellaswag_eval import HellaSwagKeys
 from mingpt.reporting.metrics import default_metrics_path, replica_group_metrics_path
-from mingpt.reporting.run_report import ReportSettings, RunReport
+from mingpt.reporting.run_report import ReportKeys, ReportSettings, RunReport
 from mingpt.reporting.trackers import TrackerConfig
-from mingpt.storage.checkpointer import LOWER_LEARNING_RATE, SNAPSHOT_FORMATS, Checkpointer, SnapshotPolicy
+from mingpt.storage.checkpointer import LOWER_LEARNING_RATE, Checkpointer, SnapshotKeys, SnapshotPolicy
 from mingpt.storage.lease import SnapshotLease
 from mingpt.storage.snapshot import Progress, Snapshot
 from mingpt.tokens.data_loader import batches_per_rank, rank_loader
@@ -50,7 +52,11 @@ ASSUMED_MFU = 0.3
 
 
 @dataclass
-class TrainerConfig:
+class TrainerConfig(ParallelKeys, SnapshotKeys, WatchKeys, ReportKeys, HellaSwagKeys):
+    """trainer_config: the original's keys here; the project's others beside the code that reads them
+    (their groups, the bases: parallel.py, checkpointer.py, guard.py, run_report.py, hellaswag_eval.py),
+    one flat section all the same (docs/configuration.md)."""
+
     max_epochs: int = 10
     """Epochs to train, counting those a resumed snapshot has finished already."""
     max_steps: int = 0
@@ -60,10 +66,6 @@ class TrainerConfig:
     """Samples per micro-batch on each process (global batch: batch_size x grad_accum_steps x world)."""
     grad_accum_steps: int = 1
     """Micro-batches per optimizer step; gradients are synchronised on the last one only."""
-    compile: bool = False
-    """torch.compile the model (a large speed-up on recent GPUs; first steps wait for compilation). Off by
-    default: on a CPU it measured 0.94x to 1.06x of eager with 12 to 24 s of compiling
-    (docs/performance.md, torch.compile on a CPU)."""
     data_loader_workers: Optional[int] = None
     """DataLoader worker processes per rank (0: load in the training process). Unset: the original's
     4, capped at the CPU cores each rank can spare (data_loader.usable_workers)."""
@@ -73,44 +75,16 @@ class TrainerConfig:
     """Local path or fsspec URL (s3://...). Ending in .pt: one file; otherwise a folder of them."""
     save_every: int = 3
     """Write a snapshot after every this many epochs."""
-    save_every_steps: int = 0
-    """Also write one every this many optimizer steps (0: only at epochs)."""
-    save_every_minutes: float = 0.0
-    """Also write one when this many minutes have passed since the last (0: off); rank 0's clock
-    decides, for every rank at the same step."""
-    resume_on_other_data: bool = False
-    """Resume a snapshot trained on other data (another text or share of it, split, block size or
-    seed: its sample order), on purpose: its weights, optimizer and step count go on, and this data's
-    order starts at a new epoch. Off: such a resume is refused in one line naming what changed."""
-    stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
-    """Signals that stop the run cleanly: every rank finishes its step, a snapshot is written, exit 75."""
-    keep_last: int = 3
-    """Snapshot folders only: how many of the newest snapshots to keep."""
-    snapshot_format: str = "single"
-    """single: one file, gathered on rank 0. sharded: a folder, each rank writing its own shard (DCP)."""
-    async_snapshots: bool = False
-    """Training waits only while the state is copied to host memory (kept: one more copy of the
-    state); a background thread writes it. A failed write stops every rank with its error."""
     use_amp: bool = True
     """Mixed precision: see amp_dtype, and precision.py for what each device does."""
-    amp_dtype: str = "float16"
-    """On CUDA: float16 (with a GradScaler, the original's) or bfloat16. CPUs use bfloat16."""
     distributed_method: str = "ddp"
     """ddp (a whole model per rank), fsdp (sharded over all ranks) or hsdp (sharded within each
     node, replicated across nodes; needs 2 or more nodes with as many ranks each)."""
     cpu_offload: bool = False
     """fsdp or hsdp only: keep parameters (and optimizer state) in CPU memory."""
-    reshard_after_forward: bool = True
-    """fsdp or hsdp only: free each block's gathered parameters after its forward pass (the least
-    memory); False keeps them until the backward pass, one all-gather fewer per block and step."""
-    activation_checkpointing: str = "none"
-    """none, or full: keep only each transformer block's input for the backward pass and recompute
-    the block's activations there (about a third more compute for much less activation memory)."""
     seed: int = 1337
     """Seeds the initial weights (each parameter from the seed and its name, so they do not depend on
     the method or the world size), the train/test split, shuffling, and dropout (per rank and epoch)."""
-    log_every: int = 100
-    """Log the loss every this many iterations."""
     eval_every_steps: int = 0
     """Evaluate every this many optimizer steps instead of at the end of each epoch (0: at epochs)."""
     eval_batches: int = 100
@@ -121,60 +95,19 @@ class TrainerConfig:
     (the random split). 100: the default run's 26 test batches are all evaluated, while an evaluation
     of FineWeb's 100M-token val_path costs about what 33 training steps do (a forward pass is a third
     of a step), not hours. 0: all of it, however large."""
-    hellaswag_path: Optional[str] = None
-    """HellaSwag's validation file, which you download (hellaswag_val.jsonl: docs/observability.md);
-    a local path or fsspec URL. Its accuracy (acc_norm, scored as llm.c scores it) is measured after
-    the snapshot decision of every hellaswag_every_steps-th step and of the run's last step, the
-    items shared out over the ranks, and logged and recorded like the eval loss. null: off."""
-    hellaswag_every_steps: int = 0
-    """Score HellaSwag every this many optimizer steps (0: at the run's last step only)."""
-    hellaswag_items: int = 0
-    """Score only the file's first this many items (0: all of them, 10,042 in HellaSwag's)."""
-    metrics_path: Optional[str] = None
-    """JSON-lines metrics file (any fsspec path); default: beside the snapshot. Run trackers
-    (TensorBoard, W&B, MLflow) get the same values: tracker_config."""
-    progress_interval_s: float = 30.0
-    """Seconds between progress lines (tokens/s, MFU, ETA); a terminal gets a live bar instead."""
-    hang_timeout_s: float = 300.0
-    """A rank not heard from for this long, or not moving while the others wait for it, ends the run
-    with one line naming it and a report beside the snapshots (distributed/watchdog.py); long
-    enough for the slowest step, a compilation or an evaluation batch, well under the collective
-    timeout below. A rank writing a snapshot is never taken for hung."""
-    loss_spike_ratio: float = 2.0
-    """The divergence watch's measure (docs/snapshots.md#the-divergence-watch): a step's loss above this
-    many times the recent mean (an exponential moving average over about 20 steps) is a spike, which
-    must settle within loss_spike_steps; the loss's trend (over about 5 steps) at this many times the
-    run's best is a slow rise. Either stops the run as diverged, like a value that is not finite
-    (always judged), and sends it back to the newest snapshot that healthy steps followed. 0: spikes
-    and rises are not judged."""
-    loss_spike_steps: int = 20
-    """Steps a spike has to settle: its loss back under loss_spike_ratio times the recent mean (a lone
-    spike), or its gradient norm back under loss_spike_ratio times its mean before the spike with the
-    loss coming down (new data being learned). 1: every spike is divergence."""
-    process_group_timeout_s: float = DEFAULT_TIMEOUT_S
-    """How long a collective waits for the slowest rank before failing the run; it must cover rank
-    0 writing a single-file snapshot alone (to S3, minutes for a large model) while the rest wait."""
+
     def __post_init__(self) -> None:
+        super().__post_init__()  # each group's own keys
         check_positive(self, "trainer_config", "max_epochs", "batch_size", "grad_accum_steps", "save_every",
-                       "grad_norm_clip", "log_every", "keep_last", "progress_interval_s",
-                       "hang_timeout_s", "process_group_timeout_s", "loss_spike_steps")
-        check_not_negative(self, "trainer_config", "save_every_steps", "save_every_minutes", "max_steps",
-                           "eval_every_steps", "eval_batches", "loss_spike_ratio", "hellaswag_every_steps",
-                           "hellaswag_items")
-        check(self.hellaswag_path is None or bool(self.hellaswag_path), "trainer_config.hellaswag_path",
-              "must not be empty; give HellaSwag's hellaswag_val.jsonl or null")
-        check(self.loss_spike_ratio == 0 or self.loss_spike_ratio > 1, "trainer_config.loss_spike_ratio",
-              f"must be more than 1 (or 0: off), got {self.loss_spike_ratio}")
+                       "grad_norm_clip")
+        check_not_negative(self, "trainer_config", "max_steps", "eval_every_steps", "eval_batches")
         if self.data_loader_workers is not None:
             check_not_negative(self, "trainer_config", "data_loader_workers")
-        for key, choices in (("snapshot_format", SNAPSHOT_FORMATS), ("distributed_method", parallel.METHODS),
-                             ("activation_checkpointing", CHECKPOINTING_MODES), ("amp_dtype", AMP_DTYPES)):
-            check_choice(self, "trainer_config", key, choices)
+        check_choice(self, "trainer_config", "distributed_method", parallel.METHODS)
         check(bool(self.snapshot_path), "trainer_config.snapshot_path", "must not be empty")
         check(self.snapshot_format == "single" or not self.snapshot_path.endswith(".pt"),
               "trainer_config.snapshot_path", "sharded snapshots need a folder, not a .pt file")
         parallel.check_sharding_options(self.distributed_method, self.cpu_offload, self.reshard_after_forward)
-        control.check_signal_names(self.stop_signals, "trainer_config.stop_signals")
 
     def check_step_fits(self, train_samples: int, world_size: int) -> None:
         """A step must fit in the training split: a larger one would make every step the whole

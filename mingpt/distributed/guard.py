@@ -4,15 +4,56 @@ DivergenceWatch); and the decisions every rank takes at the same step (control.p
 stop signals, the snapshot timer, a failed save, divergence). The Trainer's step reads as the
 original's _run_batch; it tells the guard where it is, and after each step asks it what to do.
 """
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 
-from mingpt.distributed.control import Decision, StepAgreement
+from mingpt.common.errors import check, check_not_negative, check_positive
+from mingpt.distributed.control import Decision, StepAgreement, check_signal_names
 from mingpt.distributed.divergence import DivergenceWatch, Health, SpikeRule
-from mingpt.distributed.process_group import DistEnv
+from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv
 from mingpt.distributed.stragglers import StepClock
 from mingpt.distributed.watchdog import RunWatchdog
+
+
+@dataclass
+class WatchKeys:
+    """TrainerConfig's keys of what watches a run: its stop signals, the hang watchdog, the divergence
+    watch and the collectives' timeout."""
+
+    stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    """Signals that stop the run cleanly, wherever they land: the snapshot of its last step is written
+    (docs/snapshots.md), and it exits 75."""
+    hang_timeout_s: float = 300.0
+    """A rank not heard from for this long, or not moving while the others wait for it, ends the run
+    with one line naming it and a report beside the snapshots (distributed/watchdog.py); long
+    enough for the slowest step, a compilation or an evaluation batch, well under the collective
+    timeout below. A rank writing a snapshot is never taken for hung."""
+    loss_spike_ratio: float = 2.0
+    """The divergence watch's measure (docs/snapshots.md#the-divergence-watch): a step's loss above this
+    many times the recent mean (an exponential moving average over about 20 steps) is a spike, which
+    must settle within loss_spike_steps; the loss's trend (over about 5 steps) at this many times the
+    run's best is a slow rise. Either stops the run as diverged, like a value that is not finite
+    (always judged), and sends it back to the newest snapshot that healthy steps followed. 0: spikes
+    and rises are not judged."""
+    loss_spike_steps: int = 20
+    """Steps a spike has to settle: its loss back under loss_spike_ratio times the recent mean (a lone
+    spike), or its gradient norm back under loss_spike_ratio times its mean before the spike with the
+    loss coming down (new data being learned). 1: every spike is divergence."""
+    process_group_timeout_s: float = DEFAULT_TIMEOUT_S
+    """How long a collective waits for the slowest rank before failing the run; it must cover rank
+    0 writing a single-file snapshot alone (to S3, minutes for a large model) while the rest wait."""
+
+    def __post_init__(self) -> None:
+        check_positive(self, "trainer_config", "hang_timeout_s", "process_group_timeout_s", "loss_spike_steps")
+        check_not_negative(self, "trainer_config", "loss_spike_ratio")
+        check(self.loss_spike_ratio == 0 or self.loss_spike_ratio > 1, "trainer_config.loss_spike_ratio",
+              f"must be more than 1 (or 0: off), got {self.loss_spike_ratio}")
+        check_signal_names(self.stop_signals, "trainer_config.stop_signals")
+        chained = getattr(super(), "__post_init__", None)  # the other groups' checks (TrainerConfig's bases)
+        if chained is not None:
+            chained()
 
 
 class RunGuard:

@@ -48,13 +48,15 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from mingpt.common.errors import check
+from mingpt.common.errors import check, check_choice
+from mingpt.distributed.activation_checkpointing import CHECKPOINTING_MODES
 from mingpt.distributed.cpu_collectives import overlap_and_reuse
-from mingpt.distributed.precision import Precision
+from mingpt.distributed.precision import AMP_DTYPES, Precision
 from mingpt.distributed.process_group import DistEnv, all_gather_objects, grid_groups
 
 METHODS = ("ddp", "fsdp", "hsdp")
 SHARDED_METHODS = ("fsdp", "hsdp")
+"""The methods that shard parameters, gradients and optimizer state with FSDP2 (fully_shard)."""
 
 
 def check_sharding_options(method: str, cpu_offload: bool, reshard_after_forward: bool) -> None:
@@ -64,7 +66,32 @@ def check_sharding_options(method: str, cpu_offload: bool, reshard_after_forward
           "offloads shards; set trainer_config.distributed_method=fsdp or hsdp, or cpu_offload=False")
     check(reshard_after_forward or sharded, "trainer_config.reshard_after_forward",
           "applies to sharded methods; set trainer_config.distributed_method=fsdp or hsdp, or leave it True")
-"""The methods that shard parameters, gradients and optimizer state with FSDP2 (fully_shard)."""
+
+
+@dataclass
+class ParallelKeys:
+    """TrainerConfig's keys of how the model is placed and computed, beyond the original's
+    distributed_method, cpu_offload and use_amp (trainer.py)."""
+
+    amp_dtype: str = "float16"
+    """On CUDA: float16 (with a GradScaler, the original's) or bfloat16. CPUs use bfloat16."""
+    reshard_after_forward: bool = True
+    """fsdp or hsdp only: free each block's gathered parameters after its forward pass (the least
+    memory); False keeps them until the backward pass, one all-gather fewer per block and step."""
+    activation_checkpointing: str = "none"
+    """none, or full: keep only each transformer block's input for the backward pass and recompute
+    the block's activations there (about a third more compute for much less activation memory)."""
+    compile: bool = False
+    """torch.compile the model (a large speed-up on recent GPUs; first steps wait for compilation). Off by
+    default: on a CPU it measured 0.94x to 1.06x of eager with 12 to 24 s of compiling
+    (docs/performance.md, torch.compile on a CPU)."""
+
+    def __post_init__(self) -> None:
+        check_choice(self, "trainer_config", "amp_dtype", AMP_DTYPES)
+        check_choice(self, "trainer_config", "activation_checkpointing", CHECKPOINTING_MODES)
+        chained = getattr(super(), "__post_init__", None)  # the other groups' checks (TrainerConfig's bases)
+        if chained is not None:
+            chained()
 HSDP_MESH_DIMS = ("replicate", "shard")  # across nodes, within a node
 
 _GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from mingpt.common import files
-from mingpt.common.errors import DataError, short_reason
+from mingpt.common.errors import DataError, check, check_not_negative, short_reason
 from mingpt.common.logger import log
 from mingpt.distributed.process_group import all_reduce_sum
 from mingpt.tokens.tokenizer import UnknownCharacters, Vocabulary
@@ -241,6 +241,29 @@ def shown(characters: tuple[str, ...]) -> str:
     named = ", ".join(map(repr, characters[:UNKNOWN_SHOWN]))
     more = len(characters) - UNKNOWN_SHOWN
     return f"{named} and {more} more" if more > 0 else named
+
+
+@dataclass
+class HellaSwagKeys:
+    """TrainerConfig's HellaSwag keys: scoring during training (hellaswag.py scores a snapshot)."""
+
+    hellaswag_path: Optional[str] = None
+    """HellaSwag's validation file, which you download (hellaswag_val.jsonl: docs/observability.md);
+    a local path or fsspec URL. Its accuracy (acc_norm, scored as llm.c scores it) is measured after
+    the snapshot decision of every hellaswag_every_steps-th step and of the run's last step, the
+    items shared out over the ranks, and logged and recorded like the eval loss. null: off."""
+    hellaswag_every_steps: int = 0
+    """Score HellaSwag every this many optimizer steps (0: at the run's last step only)."""
+    hellaswag_items: int = 0
+    """Score only the file's first this many items (0: all of them, 10,042 in HellaSwag's)."""
+
+    def __post_init__(self) -> None:
+        check_not_negative(self, "trainer_config", "hellaswag_every_steps", "hellaswag_items")
+        check(self.hellaswag_path is None or bool(self.hellaswag_path), "trainer_config.hellaswag_path",
+              "must not be empty; give HellaSwag's hellaswag_val.jsonl or null")
+        chained = getattr(super(), "__post_init__", None)  # the other groups' checks (TrainerConfig's bases)
+        if chained is not None:
+            chained()
 
 
 def for_run(path: Optional[str], vocab: Sequence[str], block_size: int, limit: int) -> Optional[HellaSwag]:

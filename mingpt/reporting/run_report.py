@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
+from mingpt.common.errors import check_positive
 from mingpt.common.logger import clear_status, log
 from mingpt.distributed.process_group import DistEnv
 from mingpt.distributed.stragglers import StepTimes, StragglerWatch
@@ -23,6 +24,25 @@ from mingpt.reporting.metrics import MetricsLog, open_run_metrics
 from mingpt.reporting.monitor import TrainingMonitor, format_eta
 from mingpt.reporting.trackers import FAILED, FINISHED, STOPPED, TrackerConfig, open_trackers
 from mingpt.storage.snapshot import Progress
+
+
+@dataclass
+class ReportKeys:
+    """TrainerConfig's keys of what a run tells its user as it trains."""
+
+    log_every: int = 100
+    """Log the loss every this many iterations."""
+    metrics_path: Optional[str] = None
+    """JSON-lines metrics file (any fsspec path); default: beside the snapshot. Run trackers
+    (TensorBoard, W&B, MLflow) get the same values: tracker_config."""
+    progress_interval_s: float = 30.0
+    """Seconds between progress lines (tokens/s, MFU, ETA); a terminal gets a live bar instead."""
+
+    def __post_init__(self) -> None:
+        check_positive(self, "trainer_config", "log_every", "progress_interval_s")
+        chained = getattr(super(), "__post_init__", None)  # the other groups' checks (TrainerConfig's bases)
+        if chained is not None:
+            chained()
 
 
 @dataclass(frozen=True)

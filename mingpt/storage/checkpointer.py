@@ -21,7 +21,15 @@ import torch
 import torch.nn as nn
 
 from mingpt.common import files
-from mingpt.common.errors import MinGPTError, SnapshotError, TrainingDiverged, short_reason
+from mingpt.common.errors import (
+    MinGPTError,
+    SnapshotError,
+    TrainingDiverged,
+    check_choice,
+    check_not_negative,
+    check_positive,
+    short_reason,
+)
 from mingpt.common.files import check_writable
 from mingpt.common.logger import log, warn_once
 from mingpt.distributed.control import Decision
@@ -40,6 +48,36 @@ SNAPSHOT_FORMATS = ("single", "sharded")
 RELEASE_WAIT_S = 10.0
 OTHER_DATA_KEY = "trainer_config.resume_on_other_data"
 LOWER_LEARNING_RATE = "with a lower optimizer_config.learning_rate (or a warmup: optimizer_config.warmup_steps)"
+
+
+@dataclass
+class SnapshotKeys:
+    """TrainerConfig's snapshot keys beyond the original's snapshot_path and save_every (trainer.py)."""
+
+    save_every_steps: int = 0
+    """Also write one every this many optimizer steps (0: only at epochs)."""
+    save_every_minutes: float = 0.0
+    """Also write one when this many minutes have passed since the last (0: off); rank 0's clock
+    decides, for every rank at the same step."""
+    keep_last: int = 3
+    """Snapshot folders only: how many of the newest snapshots to keep."""
+    snapshot_format: str = "single"
+    """single: one file, gathered on rank 0. sharded: a folder, each rank writing its own shard (DCP)."""
+    async_snapshots: bool = False
+    """Training waits only while the state is copied to host memory (kept: one more copy of the
+    state); a background thread writes it. A failed write stops every rank with its error."""
+    resume_on_other_data: bool = False
+    """Resume a snapshot trained on other data (another text or share of it, split, block size or
+    seed: its sample order), on purpose: its weights, optimizer and step count go on, and this data's
+    order starts at a new epoch. Off: such a resume is refused in one line naming what changed."""
+
+    def __post_init__(self) -> None:
+        check_positive(self, "trainer_config", "keep_last")
+        check_not_negative(self, "trainer_config", "save_every_steps", "save_every_minutes")
+        check_choice(self, "trainer_config", "snapshot_format", SNAPSHOT_FORMATS)
+        chained = getattr(super(), "__post_init__", None)  # the other groups' checks (TrainerConfig's bases)
+        if chained is not None:
+            chained()
 
 
 @dataclass(frozen=True)
