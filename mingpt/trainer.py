@@ -109,12 +109,16 @@ class TrainerConfig(ParallelKeys, SnapshotKeys, WatchKeys, ReportKeys, HellaSwag
               "trainer_config.snapshot_path", "sharded snapshots need a folder, not a .pt file")
         parallel.check_sharding_options(self.distributed_method, self.cpu_offload, self.reshard_after_forward)
 
+    def step_samples(self, world_size: int = 1) -> int:
+        """The samples of one optimizer step over world_size ranks (one: a rank's; the run's world: the
+        global batch), the one place it is counted."""
+        return self.batch_size * self.grad_accum_steps * world_size
+
     def check_step_fits(self, train_samples: int, world_size: int) -> None:
         """A step must fit in the training split: a larger one would make every step the whole
         split, shorter than the step that the Batch line, tokens/s and the LR horizon count."""
-        per_rank = self.batch_size * self.grad_accum_steps
-        check(per_rank * world_size <= train_samples, "trainer_config.batch_size",
-              f"a step of {per_rank * world_size:,} samples ({self.batch_size} x {self.grad_accum_steps} "
+        check(self.step_samples(world_size) <= train_samples, "trainer_config.batch_size",
+              f"a step of {self.step_samples(world_size):,} samples ({self.batch_size} x {self.grad_accum_steps} "
               f"accumulation x {world_size} process(es)) is more than the {train_samples:,} training "
               f"samples; use at most {train_samples // (self.grad_accum_steps * world_size)}, or more data")
 
@@ -181,8 +185,7 @@ class Trainer:
                                      model.flops_per_token(), self.total_steps, self.progress.step,
                                      watch.rank_times)
         peak = self.report.monitor.peak_flops  # rank 0's, who warns
-        tokens_per_rank = config.batch_size * config.grad_accum_steps * self.block_size
-        step_flops = model.flops_per_token() * tokens_per_rank
+        step_flops = model.flops_per_token() * config.step_samples() * self.block_size
         self.step_estimate_s = step_flops / (ASSUMED_MFU * peak) if peak else 0.0
         """A step's time before any is measured (0: unknown)."""
         watch.check_timeout(self.step_estimate_s)
@@ -229,7 +232,7 @@ class Trainer:
         """The run as it starts: model, world, memory, batch, data (with how it is evaluated) and
         snapshot lines."""
         tc, env = self.config, self.env
-        tokens_per_step = tc.batch_size * tc.grad_accum_steps * self.data_env.world_size * self.block_size
+        tokens_per_step = tc.step_samples(self.data_env.world_size) * self.block_size
         budget = f"{tc.max_steps:,} steps in all" if tc.max_steps else f"{tc.max_epochs} epochs"
         offload = " with CPU offload" if tc.cpu_offload else ""
         method, within = tc.distributed_method, self.parallelism.method
