@@ -411,3 +411,18 @@ def write_hellaswag(path: Path, items: list[dict]) -> Path:
              for index, item in enumerate(items)]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+class Writes:
+    """A stderr that keeps each write apart: a line must come in one (two ranks' lines interleave
+    between a text's write and its newline's)."""
+
+    def __init__(self):
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass

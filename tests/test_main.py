@@ -17,6 +17,7 @@ import torch
 from helpers import (
     REPO,
     RunsCode,
+    Writes,
     assert_ok,
     final_state,
     losses,
@@ -243,21 +244,6 @@ def test_unwritable_metrics_folder_of_its_own_fails_cleanly(text_file, tmp_path,
     result = run_main_in_process(overrides, capsys)
     assert "trainer_config.metrics_path: cannot write to" in one_error_line(result)
     assert "Epoch 1 |" not in result.stdout
-
-
-class Writes:
-    """A stderr that keeps each write apart: a line must come in one (two ranks' lines interleave
-    between a text's write and its newline's)."""
-
-    def __init__(self):
-        self.writes: list[str] = []
-
-    def write(self, text: str) -> int:
-        self.writes.append(text)
-        return len(text)
-
-    def flush(self) -> None:
-        pass
 
 
 GLOO_TIMEOUT = ("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 60000ms for "

@@ -2,22 +2,9 @@
 import sys
 
 import pytest
+from helpers import Writes
 
 from mingpt.common.errors import ConfigError, DataError, command, say_error
-
-
-class Writes:
-    """A stream that records each write: two processes' lines interleave between writes, never inside one."""
-
-    def __init__(self):
-        self.writes: list[str] = []
-
-    def write(self, text: str) -> int:
-        self.writes.append(text)
-        return len(text)
-
-    def flush(self) -> None:
-        pass
 
 
 def test_every_error_line_is_one_write(monkeypatch):
