@@ -298,6 +298,8 @@ def test_launch_starts_the_lighthouse_and_the_groups_heals_a_killed_worker_and_s
                     output), output
     # One voice: group 1 said only what happened to it alone; every line of the run once.
     group_1 = [line for line in output.splitlines() if line.startswith("[replica 1] ")]
+    if group_1[0].startswith("[replica 1] Waiting for replica group(s) 0 to start"):
+        group_1.pop(0)  # it started first (on a loaded machine either group may), and said why it waits
     assert len(group_1) == 2, output
     assert re.fullmatch(r"\[replica 1\] lost rank 0 \(killed by SIGKILL\): starting the group again \(1 of 3\); "
                         r"it heals from a live replica group", group_1[0]), group_1
