@@ -18,17 +18,20 @@ from mingpt.char_dataset import (
     DEFAULT_CORPUS,
     CharDataset,
     DataConfig,
+    Spread,
     describe_data,
     open_corpus,
     prepare_corpus,
     split_dataset,
 )
 from mingpt.common.logger import log, warn_once
+from mingpt.distributed import parallel
 from mingpt.distributed.process_group import DistEnv, barrier
 from mingpt.model import GPT
 from mingpt.run_config import TrainConfig
 from mingpt.storage.gpt2_folder import open_folder
 from mingpt.storage.lease import SnapshotLease
+from mingpt.tokens.data_loader import batches_per_rank
 from mingpt.tokens.sample_order import SampleOrder, split_of
 from mingpt.trainer import Trainer
 
@@ -89,4 +92,45 @@ def start_trainer(config: TrainConfig, env: DistEnv, objects: TrainObjects,
     model, dataset, train_set, test_set = objects
     trainer = Trainer(config.trainer_config, model, config.optimizer_config, train_set, test_set,
                       dataset.vocabulary, env, sample_order(config, dataset), config.fault_tolerance_config, lease)
-    return trainer, trainer.summary(describe_data(config.data_config, dataset, train_set, test_set))
+    return trainer, run_summary(trainer, describe_data(config.data_config, dataset, train_set, test_set))
+
+
+def run_summary(trainer: Trainer, data: str) -> list[str]:
+    """The run as it starts: model, world, memory, batch, data (with how it is evaluated) and
+    snapshot lines."""
+    tc, env = trainer.config, trainer.env
+    tokens_per_step = tc.step_samples(trainer.data_env.world_size) * trainer.block_size
+    budget = f"{tc.max_steps:,} steps in all" if tc.max_steps else f"{tc.max_epochs} epochs"
+    offload = " with CPU offload" if tc.cpu_offload else ""
+    method, within = tc.distributed_method, trainer.parallelism.method
+    if within != method:
+        method += f" ({within} within each replica group)"
+    return [
+        f"Model: {parallel.unwrap(trainer.model).describe()}",
+        f"Optimizer: {trainer.optimizer_config.describe()}",
+        f"World: {env.describe()}; {method}{offload}; {trainer.precision}; "
+        f"{parallel.local_parameter_bytes(trainer.model) / 1e6:.1f} MB of parameters per rank",
+        f"Memory: {trainer.memory.describe()}",
+        f"Batch: {tc.batch_size} per process x {tc.grad_accum_steps} accumulation, "
+        f"{tokens_per_step:,} tokens per step, {trainer.steps_per_epoch:,} steps per epoch, "
+        f"{budget}, {trainer.train_loader.num_workers} data worker(s) per process",
+        f"{data}; evaluation {evaluation_plan(trainer)}",
+        f"Snapshots: {trainer.checkpointer.describe(trainer.progress)}; "
+        f"{', '.join([*tc.stop_signals, 'Ctrl-C'])} stop with a snapshot",
+    ]
+
+
+def evaluation_plan(trainer: Trainer) -> str:
+    """When and on how many batches the run evaluates: "every epoch on all 26 batches per process",
+    or how eval_batches bounds it."""
+    tc, test_loader = trainer.config, trainer.test_loader
+    when = f"every {tc.eval_every_steps} steps" if tc.eval_every_steps else "every epoch"
+    if test_loader is None:
+        return when
+    taken = len(test_loader)
+    whole = batches_per_rank(trainer.test_samples, tc.batch_size, trainer.env.world_size)
+    if taken == whole:
+        return f"{when} on all {whole:,} batches per process"
+    which = ("windows spread evenly without overlap" if isinstance(test_loader.dataset, Spread)
+             else "a fixed seeded subset")
+    return f"{when} on {taken:,} of {whole:,} batches per process, {which} (trainer_config.eval_batches; 0: all)"

@@ -20,17 +20,17 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset
 
-from mingpt.char_dataset import Spread, batch_on, in_windows
+from mingpt.char_dataset import batch_on, in_windows
 from mingpt.common.errors import TrainingDiverged, check, check_choice, check_not_negative, check_positive
 from mingpt.distributed import control, parallel
-from mingpt.distributed.parallel import ParallelKeys
 from mingpt.distributed.activation_checkpointing import checkpoint_blocks
-from mingpt.distributed.precision import resolve_precision
-from mingpt.distributed.process_group import DistEnv, all_reduce_sum, first_said
-from mingpt.distributed.fault_tolerance import FaultToleranceConfig, Replicas, plain
 from mingpt.distributed.divergence import SpikeRule
+from mingpt.distributed.fault_tolerance import FaultToleranceConfig, Replicas, plain
 from mingpt.distributed.guard import RunGuard, WatchKeys
 from mingpt.distributed.muon import optimizer_for
+from mingpt.distributed.parallel import ParallelKeys
+from mingpt.distributed.precision import resolve_precision
+from mingpt.distributed.process_group import DistEnv, all_reduce_sum, first_said
 from mingpt.optimizer import OptimizerConfig, learning_rate_at, set_learning_rate
 from mingpt.planning.memory import Placement, check_memory, plan_memory
 from mingpt.reporting import hellaswag_eval
@@ -41,7 +41,7 @@ from mingpt.reporting.trackers import TrackerConfig
 from mingpt.storage.checkpointer import LOWER_LEARNING_RATE, Checkpointer, SnapshotKeys, SnapshotPolicy
 from mingpt.storage.lease import SnapshotLease
 from mingpt.storage.snapshot import Progress, Snapshot
-from mingpt.tokens.data_loader import batches_per_rank, rank_loader
+from mingpt.tokens.data_loader import rank_loader
 from mingpt.tokens.sample_order import SampleOrder
 
 __all__ = ["Trainer", "TrainerConfig", "Snapshot"]
@@ -157,6 +157,7 @@ class Trainer:
         self.config, self.optimizer_config, self.env, self.vocab = config, optimizer_config, env, vocab
         self.block_size = model.config.block_size
         self.test_samples = len(test_dataset) if test_dataset is not None else 0
+        """The test split's samples, before eval_batches bounds an evaluation."""
         self.fault_tolerance = fault_tolerance
         self.replicas = Replicas.open(fault_tolerance, env)
         """Under fault tolerance, this replica group's part in the run (distributed/fault_tolerance.py)."""
@@ -227,44 +228,6 @@ class Trainer:
         self.scaler = parallel.grad_scaler(self.model, self.precision, env)
         fsdp_casts = parallel.computes_in_precision(self.model)  # then autocast would only add casts
         self.autocast = contextlib.nullcontext if fsdp_casts else self.precision.autocast
-
-    def summary(self, data: str) -> list[str]:
-        """The run as it starts: model, world, memory, batch, data (with how it is evaluated) and
-        snapshot lines."""
-        tc, env = self.config, self.env
-        tokens_per_step = tc.step_samples(self.data_env.world_size) * self.block_size
-        budget = f"{tc.max_steps:,} steps in all" if tc.max_steps else f"{tc.max_epochs} epochs"
-        offload = " with CPU offload" if tc.cpu_offload else ""
-        method, within = tc.distributed_method, self.parallelism.method
-        if within != method:
-            method += f" ({within} within each replica group)"
-        return [
-            f"Model: {parallel.unwrap(self.model).describe()}",
-            f"Optimizer: {self.optimizer_config.describe()}",
-            f"World: {env.describe()}; {method}{offload}; {self.precision}; "
-            f"{parallel.local_parameter_bytes(self.model) / 1e6:.1f} MB of parameters per rank",
-            f"Memory: {self.memory.describe()}",
-            f"Batch: {tc.batch_size} per process x {tc.grad_accum_steps} accumulation, "
-            f"{tokens_per_step:,} tokens per step, {self.steps_per_epoch:,} steps per epoch, "
-            f"{budget}, {self.train_loader.num_workers} data worker(s) per process",
-            f"{data}; evaluation {self._evaluation()}",
-            f"Snapshots: {self.checkpointer.describe(self.progress)}; "
-            f"{', '.join([*tc.stop_signals, 'Ctrl-C'])} stop with a snapshot",
-        ]
-
-    def _evaluation(self) -> str:
-        """When and on how many batches the run evaluates: "every epoch on all 26 batches per process",
-        or how eval_batches bounds it."""
-        when = f"every {self.config.eval_every_steps} steps" if self.config.eval_every_steps else "every epoch"
-        if self.test_loader is None:
-            return when
-        taken = len(self.test_loader)
-        whole = batches_per_rank(self.test_samples, self.config.batch_size, self.env.world_size)
-        if taken == whole:
-            return f"{when} on all {whole:,} batches per process"
-        which = ("windows spread evenly without overlap" if isinstance(self.test_loader.dataset, Spread)
-                 else "a fixed seeded subset")
-        return f"{when} on {taken:,} of {whole:,} batches per process, {which} (trainer_config.eval_batches; 0: all)"
 
     def track(self, config: TrackerConfig, run_config: dict[str, Any], summary: list[str]) -> None:
         """Send the metrics to run trackers too, continuing the tracked runs of a resumed snapshot
