@@ -15,7 +15,6 @@ begun inside `part_of(...)` (a snapshot's save) say so, and are named before any
 """
 import contextlib
 import contextvars
-import fcntl
 import functools
 import os
 import posixpath
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Optional
 
 import fsspec
+from filelock import FileLock, Timeout
 from fsspec.callbacks import Callback
 from fsspec.implementations.local import LocalFileSystem
 
@@ -386,38 +386,39 @@ def cache_folder(cache_dir: Optional[str]) -> Path:
 
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on `<path>.lock` (a local file): other processes of this machine that
-    make path (a token file, a step trace) wait here, then find it made."""
-    lock = f"{path}.lock"
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    except Exception:  # nothing made (a refused source): nothing left beside it either
-        with contextlib.suppress(OSError):
-            os.unlink(lock)
-        raise
-    finally:
-        os.close(fd)  # releases the lock
+    """Hold an exclusive lock on `<path>.lock` (a local file; filelock's FileLock, an flock where the
+    filesystem has one): other processes of this machine that make path (a token file, a step trace)
+    wait here, then find it made."""
+    lock = FileLock(f"{path}.lock")
+    with lock:
+        with _gone_on_failure(lock):
+            yield
 
 
 @contextlib.contextmanager
 def try_locked(path: Path) -> Iterator[bool]:
     """locked(path) without the wait: yields True with the lock held, or False at once when another
     process holds it (the caller then moves on to other work, as the preparers of a set of texts do)."""
-    lock = f"{path}.lock"
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    lock = FileLock(f"{path}.lock", blocking=False)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
+        lock.acquire()
+    except Timeout:
+        yield False
+        return
+    try:
+        with _gone_on_failure(lock):
             yield True
-        except Exception:  # nothing made: nothing left beside it either
-            with contextlib.suppress(OSError):
-                os.unlink(lock)
-            raise
     finally:
-        os.close(fd)
+        lock.release()
+
+
+@contextlib.contextmanager
+def _gone_on_failure(lock: FileLock) -> Iterator[None]:
+    """Nothing made (a refused source): no lock file left beside it either. A process waiting for the
+    lock meanwhile is not fooled: filelock takes a lock file only while it is still in its folder."""
+    try:
+        yield
+    except Exception:
+        with contextlib.suppress(OSError):
+            os.unlink(lock.lock_file)
+        raise

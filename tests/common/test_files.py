@@ -2,6 +2,7 @@
 transfer under way is seen, with how far it got, by the watchdog."""
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -92,3 +93,84 @@ def test_a_single_process_whose_write_stops_moving_ends_in_one_line(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: rank 0 (host "), result.stderr
     assert f"its write of {path} has not moved for 1 s (0.1 MB written)" in lines[0]
     assert lines[0].endswith("; the last snapshot (step 20) is kept as it was")
+
+
+HOLDER = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o666)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.read()  # until the test lets go
+"""
+
+
+def test_a_lock_another_process_holds_is_waited_for_or_passed_by(tmp_path):
+    """Another process of the machine holds `<path>.lock` (an flock, as every version of this module
+    takes it): try_locked passes by at once, locked waits until it lets go."""
+    path = tmp_path / "input.txt.tokens"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, f"{path}.lock"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        started = time.monotonic()
+        with files.try_locked(path) as held:
+            assert not held
+        assert time.monotonic() - started < 1
+        started = time.monotonic()
+        threading.Timer(1.0, holder.stdin.close).start()
+        with files.locked(path):
+            assert time.monotonic() - started >= 1.0  # taken once the holder let go, not before
+        assert holder.wait(timeout=30) == 0
+        with files.try_locked(path) as held:
+            assert held
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_failure_under_the_lock_leaves_no_lock_file_and_lets_in_one_waiter_at_a_time(tmp_path):
+    """Nothing made, nothing left: the failed maker removes the lock file. A waiter that had opened
+    the removed file does not take the lock on it while another process takes it on a new one (two
+    makers at once); it takes it on the new file, and a third waits for it."""
+    path = tmp_path / "input.txt.tokens"
+    first_holds, second_holds, let_go = threading.Event(), threading.Event(), threading.Event()
+
+    def first() -> None:
+        with pytest.raises(ValueError), files.locked(path):
+            first_holds.set()
+            time.sleep(0.5)  # the second is waiting, its lock file opened
+            raise ValueError("a refused source")
+
+    def second() -> None:
+        first_holds.wait()
+        with files.locked(path):
+            second_holds.set()
+            let_go.wait(timeout=30)
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    try:
+        assert second_holds.wait(timeout=30)
+        with files.try_locked(path) as held:
+            assert not held, "two holders at once: the waiter took the lock on the removed file"
+    finally:
+        let_go.set()
+        for thread in threads:
+            thread.join()
+    # Only the second's lock file, if any: filelock 3.20.4 to 3.20.x removed it on release.
+    assert {entry.name for entry in tmp_path.iterdir()} <= {"input.txt.tokens.lock"}
+    with pytest.raises(KeyError), files.try_locked(path) as held:
+        assert held
+        raise KeyError("a bug")
+    assert list(tmp_path.iterdir()) == []  # try_locked's failure too
+
+
+def test_a_lock_file_that_cannot_be_made_is_an_os_error(tmp_path):
+    """Callers take an OSError for "the lock's folder is not writable" (token_file's one line naming the
+    file; step_trace traces without its cache)."""
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(OSError), files.locked(tmp_path / "a-file" / "x.tokens"):
+        pass
+    with pytest.raises(OSError), files.try_locked(tmp_path / "a-file" / "x.tokens"):
+        pass
