@@ -1,6 +1,6 @@
 """The one model of memory (memory.py over step_trace.py): composed per method from the traced step,
-and refused before allocation at start-up. The trace itself: test_step_trace.py. Measured peaks:
-tests/bench/test_bench_plan.py."""
+each rank's share of the state as FSDP2 pads it, and refused before allocation at start-up. The trace
+itself: test_step_trace.py. Measured peaks: tests/bench/test_bench_plan.py."""
 from dataclasses import replace
 
 import pytest
@@ -17,10 +17,14 @@ from mingpt.planning.memory import (
     fits_in,
     largest_batch,
     model_sizes,
+    rank_state,
 )
+from mingpt.run_config import from_command_line
 
 SMALL = GPTConfig(n_layer=4, n_head=2, n_embd=32, vocab_size=30, block_size=16)
 MACHINE = 24 * 2**30
+GPT2 = ["gpt_config.model_type=gpt2", "gpt_config.n_layer=null", "gpt_config.n_head=null",
+        "gpt_config.n_embd=null"]
 
 
 def test_methods_divide_the_state_and_add_their_buffers():
@@ -110,3 +114,15 @@ def test_start_up_refuses_a_run_whose_activations_do_not_fit_before_allocating(
     fits = fits_in(available)
     assert fits(estimate_memory(config, largest, "none", Placement("ddp")))
     assert not fits(estimate_memory(config, largest + 1, "none", Placement("ddp")))
+
+
+def test_the_planner_counts_fsdp2_s_padded_chunks_for_every_rank():
+    """At 512 ranks a parameter of 768 rows costs every rank 2 rows (its chunk, padded), where an even
+    share is 1.5: rank 0 holds 18% more than total / 512 for gpt2, the last rank's optimizer state less."""
+    # sized by the default data: the 59 characters of tiny-shakespeare's first 5%, blocks of 128
+    model = replace(from_command_line(GPT2, "plan.py").gpt_config, vocab_size=59, block_size=128)
+    placement = Placement("fsdp", 512, 8)
+    first, last = rank_state(model, placement, 0), rank_state(model, placement, 511)
+    even = 4 * model_sizes(model).total / 512
+    assert first.parameters == last.parameters > 1.15 * even
+    assert last.optimizer < first.optimizer
