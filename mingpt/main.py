@@ -26,7 +26,6 @@ from mingpt.distributed.control import (
     StopSignals,
     exit_status_for,
     record_clean_stop,
-    stopped_before_training,
 )
 from mingpt.distributed.process_group import (
     DEFAULT_TIMEOUT_S,
@@ -37,9 +36,10 @@ from mingpt.distributed.process_group import (
     record_nccl_collectives,
     said_elsewhere,
 )
-from mingpt.storage.checkpointer import holding_the_path
+from mingpt.reporting.run_report import stopped_before_training
 from mingpt.run_config import HydraSpeech, TrainConfig, load_config, run_command_line
 from mingpt.start_up import TrainObjects, start_trainer, train_objects
+from mingpt.storage.checkpointer import holding_the_path
 from mingpt.storage.snapshot import snapshot_folder
 
 

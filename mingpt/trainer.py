@@ -30,7 +30,7 @@ from mingpt.distributed.guard import RunGuard, WatchKeys
 from mingpt.distributed.muon import optimizer_for
 from mingpt.distributed.parallel import ParallelKeys
 from mingpt.distributed.precision import resolve_precision
-from mingpt.distributed.process_group import DistEnv, all_reduce_sum, first_said
+from mingpt.distributed.process_group import DistEnv, all_reduce_sum
 from mingpt.optimizer import OptimizerConfig, learning_rate_at, set_learning_rate
 from mingpt.planning.memory import Placement, check_memory, plan_memory
 from mingpt.reporting import hellaswag_eval
@@ -47,8 +47,6 @@ from mingpt.tokens.sample_order import SampleOrder
 __all__ = ["Trainer", "TrainerConfig", "Snapshot"]
 
 MAX_RANKS = 100_000  # spaces per-epoch seeds apart, so no two (epoch, rank) pairs share one
-ASSUMED_MFU = 0.3
-"""A step's time as start-up estimates it, before any is measured: its FLOPs at this share of the peak."""
 
 
 @dataclass
@@ -185,10 +183,8 @@ class Trainer:
         self.report = RunReport.open(config.report_settings(fault_tolerance), env, self.precision.matmul_dtype,
                                      model.flops_per_token(), self.total_steps, self.progress.step,
                                      watch.rank_times)
-        peak = self.report.monitor.peak_flops  # rank 0's, who warns
-        step_flops = model.flops_per_token() * config.step_samples() * self.block_size
-        self.step_estimate_s = step_flops / (ASSUMED_MFU * peak) if peak else 0.0
-        """A step's time before any is measured (0: unknown)."""
+        self.step_estimate_s = self.report.monitor.step_estimate_s(config.step_samples() * self.block_size)
+        """A step's time before any is measured (rank 0's, who warns; 0: unknown)."""
         watch.check_timeout(self.step_estimate_s)
 
     def _prepare_dataloader(self, dataset: Dataset, train: bool) -> DataLoader:
@@ -239,7 +235,7 @@ class Trainer:
         """Epochs until the budget (max_epochs, or max_steps) is spent; raises RunStopped when a
         stop signal ended the run early (after its snapshot)."""
         if self._budget_spent():
-            self.report.close(self._nothing_left())
+            self.report.nothing_left(self.config.max_steps, self.config.max_epochs)
             return
         self.report.monitor.forecast(self.total_steps - self.progress.step, self.step_estimate_s)
         failed, finished = self.report.failed_on_error(), self.checkpointer.finished_on_error()
@@ -269,12 +265,6 @@ class Trainer:
             self.evaluate(self.progress.epoch)
         self.score_hellaswag(self.progress.epoch, run_ended=True)
         self.checkpointer.finish()
-
-    def _nothing_left(self) -> str:
-        tc = self.config
-        budget = f"max_steps={tc.max_steps}" if tc.max_steps else f"max_epochs={tc.max_epochs}"
-        return (f"Nothing left to do: the snapshot holds the end of this run (trainer_config.{budget}); "
-                "raise it to train on, or set another trainer_config.snapshot_path to start afresh")
 
     def _budget_spent(self) -> bool:
         if self.config.max_steps:
@@ -364,15 +354,8 @@ class Trainer:
             self._save_snapshot(when)
         self.checkpointer.finish()  # "saved" below means written
         self.guard.settled()
-        step, signal_name = self.progress.step, decision.stop_signal_name
-        if self.replicas.writes_snapshots():
-            said = f"Stopping on {signal_name}: snapshot saved at step {step}"
-        else:  # another replica group's, which may train on a step or two alone before it stops
-            writer = self.replicas.snapshot_writer()
-            said = f"Stopping on {signal_name} at step {step}; replica group {writer} writes the snapshots"
-        if abandoned:
-            said += f" (the {abandoned} under way was abandoned)"
-        self.report.close(said, stopped=True)
+        writer = None if self.replicas.writes_snapshots() else self.replicas.snapshot_writer()
+        self.report.stopped(decision.stop_signal_name, self.progress.step, writer, abandoned)
         raise control.RunStopped(decision.stop_signal)
 
     def _loses_nothing(self) -> bool:
@@ -385,10 +368,7 @@ class Trainer:
         collective, since its peers may be anywhere; they meet the same condition and stop too."""
         self.checkpointer.finish_alone()  # "saved" below means written
         saved = self.checkpointer.last_saved
-        name = signal.Signals(number).name
-        said = (f"Stopping on {name}: snapshot saved at step {saved.step}" if saved and saved.step
-                else control.stopped_before_training(name))
-        self.report.close(said, stopped=True)
+        self.report.stopped(signal.Signals(number).name, saved.step if saved else 0)
         raise control.RunStopped(number)
 
     def _stop_diverged(self, since: int) -> None:
@@ -396,17 +376,9 @@ class Trainer:
         snapshots taken inside the divergence are set aside for the last healthy one."""
         self.checkpointer.finish()  # a save in flight was of finite weights (save() checks them)
         lr = learning_rate_at(since - 1, self.total_steps, self.optimizer_config)
-        said = first_said(self._divergence_cause(since, lr) if self.env.is_main else None)  # rank 0's view
-        cause, advice = said.split("\n")
+        cause, advice = self.guard.divergence_said(since, lr, self.env.is_main)
         raise TrainingDiverged(f"training diverged: {cause}; stopped, "
                                f"{self.checkpointer.go_back_to_healthy(LOWER_LEARNING_RATE + advice)}")
-
-    def _divergence_cause(self, since: int, lr: float) -> str:
-        """What rank 0's watch saw, and then (after a newline) what to change if it was no divergence."""
-        divergence = self.guard.divergence.divergence()
-        if divergence is None:  # another rank's verdict
-            return f"the loss of another rank diverged from step {since} (learning rate {lr:.3g})\n"
-        return f"{divergence.cause(lr)}\n{divergence.advice()}"
 
     def _run_batch(self, source: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The original's _run_batch: the forward pass in the run's precision, the backward pass

@@ -234,10 +234,6 @@ class StopRequested(BaseException):
 UNCHANGED = "the last complete snapshot is as it was"
 
 
-def stopped_before_training(signal_name: str) -> str:
-    return f"Stopping on {signal_name} before the first step: nothing to save"
-
-
 class StopSignals:
     """The process's stop signals and Ctrl-C, from the start of a run to its end: one per process,
     opened by its first user (main.run before the start-up; else the Trainer's StepAgreement) and

@@ -12,7 +12,7 @@ import torch
 from mingpt.common.errors import check, check_not_negative, check_positive
 from mingpt.distributed.control import Decision, StepAgreement, check_signal_names
 from mingpt.distributed.divergence import DivergenceWatch, Health, SpikeRule
-from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv
+from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, first_said
 from mingpt.distributed.stragglers import StepClock
 from mingpt.distributed.watchdog import RunWatchdog
 
@@ -91,6 +91,17 @@ class RunGuard:
 
     def health(self) -> Health:
         return self.divergence.health()
+
+    def divergence_said(self, since: int, lr: float, is_main: bool) -> tuple[str, str]:
+        """Every rank's copy of what rank 0's watch saw of a divergence from step `since` (at learning
+        rate lr), and what to change if it was no divergence (empty when another rank's verdict)."""
+        said = None
+        if is_main:
+            divergence = self.divergence.divergence()
+            said = (f"{divergence.cause(lr)}\n{divergence.advice()}" if divergence is not None
+                    else f"the loss of another rank diverged from step {since} (learning rate {lr:.3g})\n")
+        cause, advice = first_said(said).split("\n")
+        return cause, advice
 
     def saved(self) -> None:
         """A snapshot was taken: the snapshot timer starts again."""

@@ -25,6 +25,8 @@ from mingpt.reporting.flops import model_flops_utilization
 LONG_RUN_S = 3600.0
 """A first ETA longer than this brings the long-run hint (see TrainingMonitor.long_run_hint)."""
 BAR_WIDTH = 20
+ASSUMED_MFU = 0.3
+"""A step's time as start-up estimates it, before any is measured: its FLOPs at this share of the peak."""
 TERMINAL_INTERVAL_S = 1.0
 
 
@@ -56,6 +58,13 @@ class TrainingMonitor:
         """Said once, when the first ETA is over LONG_RUN_S (a GPU-sized run on a CPU)."""
         self.ranks_note: Callable[[int], str] = lambda step: ""
         """What the progress line says of the ranks at a step (a slow one: stragglers.py), or ""."""
+
+    def step_estimate_s(self, step_tokens: int) -> float:
+        """A step's time before any is measured: its FLOPs at ASSUMED_MFU of the device's peak (0:
+        unknown, as on ranks other than 0)."""
+        if not self.peak_flops:
+            return 0.0
+        return self.flops_per_token * step_tokens / (ASSUMED_MFU * self.peak_flops)
 
     def forecast(self, steps: int, step_estimate_s: float) -> None:
         """Before the first step: the long-run hint now, when the steps at the estimated time each

@@ -60,6 +60,10 @@ class ReportSettings:
     """The epoch budget; None under a step budget (max_steps)."""
 
 
+def stopped_before_training(signal_name: str) -> str:
+    return f"Stopping on {signal_name} before the first step: nothing to save"
+
+
 def command_beside(script: str) -> str:
     """The command of another of the project's scripts, as the user named main.py (mingpt/main.py,
     main.py, an absolute path)."""
@@ -189,6 +193,26 @@ class RunReport:
         if last_words:
             log.info(last_words)
         self.metrics.close(STOPPED if stopped else FINISHED)
+
+    def stopped(self, signal_name: str, saved_step: int, writer: Optional[int] = None, abandoned: str = "") -> None:
+        """A stop signal ended the run, resumable: with the snapshot of saved_step written (0: before the
+        first step, nothing to save), or, in a replica group that writes none, at that step with the
+        group that does named; `abandoned`, the phase the stop cut short."""
+        if writer is not None:  # that group may train on a step or two alone before it stops
+            said = f"Stopping on {signal_name} at step {saved_step}; replica group {writer} writes the snapshots"
+        elif saved_step:
+            said = f"Stopping on {signal_name}: snapshot saved at step {saved_step}"
+        else:
+            said = stopped_before_training(signal_name)
+        if abandoned:
+            said += f" (the {abandoned} under way was abandoned)"
+        self.close(said, stopped=True)
+
+    def nothing_left(self, max_steps: int, max_epochs: int) -> None:
+        """The resumed snapshot already holds the end of the run's budget."""
+        budget = f"max_steps={max_steps}" if max_steps else f"max_epochs={max_epochs}"
+        self.close(f"Nothing left to do: the snapshot holds the end of this run (trainer_config.{budget}); "
+                   "raise it to train on, or set another trainer_config.snapshot_path to start afresh")
 
     def finished(self, progress: Progress, snapshot_path: str) -> None:
         """The run reached its budget: close it with what it did and what to do next."""

@@ -37,8 +37,8 @@ from mingpt.distributed.divergence import Health
 from mingpt.distributed.parallel import local_part, unwrap
 from mingpt.distributed.process_group import DistEnv, all_gather_objects, any_rank, first_said, side_group
 from mingpt.storage.background_save import BackgroundSaves
-from mingpt.storage.sharded_store import ShardedSnapshotStore
 from mingpt.storage.lease import SnapshotLease
+from mingpt.storage.sharded_store import ShardedSnapshotStore
 from mingpt.storage.snapshot import TRAINING_KEY, Progress, Snapshot, snapshot_folder
 from mingpt.storage.store import FullStateStore, SnapshotStore
 from mingpt.tokens.sample_order import SampleOrder

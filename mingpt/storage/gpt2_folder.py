@@ -18,8 +18,8 @@ them), from the memory-mapped safetensors files (get_slice).
 """
 import json
 from dataclasses import dataclass, replace
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
