@@ -387,7 +387,7 @@ LINEAR_MATMULS = ("aten::mm", "aten::addmm")  # attention's are bmm and baddbmm
 
 # Buckets for the self time of aten ops, checked in order, so that the profile says what MFU is lost to.
 # In this model only attention runs batched matmuls (bmm, baddbmm), so they count as attention;
-# "matmul" is then the Linear layers. Dropout's mask is random_ and ge on the CPU (model.keep_mask),
+# "matmul" is then the Linear layers. Dropout's mask is random_ and ge on the CPU (common/tensor_ops.keep_mask),
 # bernoulli_ inside F.dropout elsewhere. Anything not listed (copies, adds, bias-gradient sums, the
 # mask multiplies, autograd bookkeeping) is "other".
 OP_CATEGORIES = (

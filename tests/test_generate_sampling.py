@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from mingpt.model import GPT, GPTConfig, keep_top_k, next_token
+from mingpt.common.tensor_ops import keep_top_k, next_token
+from mingpt.model import GPT, GPTConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
