@@ -1,6 +1,7 @@
 """The layout's promises (docs/ARCHITECTURE.md): the packages stack in layers, the project imports as a
 package, one module talks to fsspec, the snapshot format needs no FSDP, and the commands run as scripts
-without shadowing anything."""
+without shadowing anything. And the tests' (docs/testing.md): they mirror the code, each module with
+behaviour has a test file named for it, each test file names its module."""
 import ast
 import importlib.metadata
 import inspect
@@ -309,3 +310,95 @@ def test_the_quick_tier_touches_every_module(request):
     modules = {module_name(path, MINGPT).removesuffix(".__init__") for path in MINGPT.rglob("*.py")}
     unused = sorted(modules - named - {"mingpt"} - {f"mingpt.{name}" for name in LAYERS})
     assert unused == [], "modules no quick test uses: give each an in-process test not marked slow"
+
+
+NOT_MIRRORED = {
+    "test_layout.py": "the layout of the whole project: its layers, its imports, this rule",
+    "test_landmarks.py": "the original example's names, wherever they went (docs/ARCHITECTURE.md)",
+    "test_helpers.py": "the suite's own promise about its helpers (tests/helpers.py)",
+    "test_generate_sampling.py": "model.py's GPT.generate (generate.py's: test_generate.py); to be "
+                                 "test_model_generate.py once model.py's sampling has settled (issue 57)",
+    "storage/test_other_snapshots.py": "snapshots a run cannot resume, across the checkpointer and both stores",
+    "storage/test_s3.py": "snapshots on a real S3 server, through every layer of storage/ to s3fs",
+    "storage/test_saves_said.py": "what a run says of its saves, across the checkpointer, the stores and the "
+                                  "watchdog",
+    "planning/test_data_at_size.py": "the data of a run of 1,024 ranks (issue 56): the samplers and the "
+                                     "check's shard reads at that size",
+    "planning/test_sharded_at_size.py": "sharded snapshots across sizes (issue 56): 64 simulated ranks save, "
+                                        "32 and 4 x 8 resume",
+}
+"""Test files that mirror no one module, each with why: they test a promise that spans modules, or one
+module at a scale of its own. tests/end_to_end/ is named for behaviour throughout (whole runs)."""
+
+
+def has_behaviour(path) -> bool:
+    """A module with behaviour defines a function, or a class with a method (a property, a dataclass's
+    __post_init__): what a test can call. Constants, re-exports and plain dataclasses are not."""
+    tree = ast.parse(path.read_text())
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+    return any(isinstance(node, functions) or isinstance(node, ast.ClassDef)
+               and any(isinstance(inner, functions) for inner in node.body) for node in tree.body)
+
+
+def imported_by(test) -> set[str]:
+    """What a test file imports, as dotted names: `from mingpt.distributed import guard` gives
+    mingpt.distributed and mingpt.distributed.guard."""
+    found = set()
+    for node in ast.walk(ast.parse(test.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def mirrors(test, module: str) -> bool:
+    """test_<module>.py mirrors <module>.py (module: its dotted name, mingpt.storage.store); so does a
+    second file of its tests, test_<module>_<what>.py, that imports it (test_fault_tolerance_ft.py)."""
+    name = module.rsplit(".", 1)[-1]
+    return test.stem == f"test_{name}" or (test.stem.startswith(f"test_{name}_") and any(
+        imported == module or imported.startswith(f"{module}.") for imported in imported_by(test)))
+
+
+def modules_without_tests(mingpt, tests) -> list[str]:
+    """mingpt/<package>/<module>.py with behaviour and no tests/<package>/test_<module>[_<what>].py."""
+    found = []
+    for path in sorted(mingpt.rglob("*.py")):
+        folder = tests / path.parent.relative_to(mingpt)
+        module = module_name(path, mingpt)
+        if has_behaviour(path) and not any(mirrors(test, module) for test in folder.glob("test_*.py")):
+            found.append(str(path.relative_to(mingpt.parent)))
+    return found
+
+
+def unnamed_test_files(mingpt, tests, bench) -> list[str]:
+    """Test files whose name names no module beside them in mingpt/ (tests/bench/: in bench/, where a
+    benchmark's code is a script of its own) and that NOT_MIRRORED does not list, tests/end_to_end/
+    aside; and NOT_MIRRORED's entries that name no test file."""
+    found = []
+    for path in sorted(tests.rglob("test_*.py")):
+        name = str(path.relative_to(tests))
+        if name.startswith("end_to_end/") or name in NOT_MIRRORED:
+            continue
+        if name.startswith("bench/"):
+            named = any(path.stem == f"test_{code.stem}" for code in bench.glob("*") if code.suffix in (".py", ".sh"))
+        else:
+            named = any(mirrors(path, module_name(code, mingpt))
+                        for code in (mingpt / path.parent.relative_to(tests)).glob("*.py"))
+        if not named:
+            found.append(f"tests/{name}")
+    return found + [f"tests/{name} (NOT_MIRRORED lists it: no such file)" for name in NOT_MIRRORED
+                    if not (tests / name).exists()]
+
+
+def test_every_module_with_behaviour_has_a_test_file_of_its_own():
+    """docs/testing.md: the tests mirror the code. A module's tests are found where its name says."""
+    missing = modules_without_tests(MINGPT, REPO / "tests")
+    assert missing == [], ("give each a test file of its own, tests/<package>/test_<module>.py (or "
+                           f"tests/test_<module>.py): {', '.join(missing)}")
+
+
+def test_every_test_file_names_the_module_it_tests():
+    unnamed = unnamed_test_files(MINGPT, REPO / "tests", REPO / "bench")
+    assert unnamed == [], ("name each test file for its module (test_<module>.py), or list it in NOT_MIRRORED "
+                           f"with why: {', '.join(unnamed)}")
