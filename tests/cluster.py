@@ -7,8 +7,8 @@
   /etc/hosts, so that two torchrun agents see each other as different machines.
 
 Both are context managers: whatever they start is stopped by PID, and the namespaces deleted, on
-the way out, whether the test passed or not. The facts they rely on were measured here and are in
-../shared/notes/cluster-on-one-machine.md.
+the way out, whether the test passed or not. What the tests run on them: slurm/README.md's "How this
+is tested"; what each step relies on (measured on this machine) is said beside it.
 """
 import contextlib
 import os

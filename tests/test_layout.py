@@ -316,9 +316,10 @@ NOT_MIRRORED = {
     "test_layout.py": "the layout of the whole project: its layers, its imports, this rule",
     "test_landmarks.py": "the original example's names, wherever they went (docs/ARCHITECTURE.md)",
     "test_helpers.py": "the suite's own promise about its helpers (tests/helpers.py)",
-    "test_generate_sampling.py": "model.py's GPT.generate (generate.py's: test_generate.py); to be "
-                                 "test_model_generate.py once model.py's sampling has settled (issue 57)",
-    "storage/test_other_snapshots.py": "snapshots a run cannot resume, across the checkpointer and both stores",
+    "test_generate_sampling.py": "model.py's GPT.generate, not generate.py's (test_generate.py): to be "
+                                 "renamed test_model_generate.py, left while model.py's sampling moved",
+    "storage/test_other_snapshots.py": "snapshots a run cannot resume, across the checkpointer and both "
+                                       "stores",
     "storage/test_s3.py": "snapshots on a real S3 server, through every layer of storage/ to s3fs",
     "storage/test_saves_said.py": "what a run says of its saves, across the checkpointer, the stores and the "
                                   "watchdog",
@@ -381,7 +382,8 @@ def unnamed_test_files(mingpt, tests, bench) -> list[str]:
         if name.startswith("end_to_end/") or name in NOT_MIRRORED:
             continue
         if name.startswith("bench/"):
-            named = any(path.stem == f"test_{code.stem}" for code in bench.glob("*") if code.suffix in (".py", ".sh"))
+            scripts = [code for code in bench.glob("*") if code.suffix in (".py", ".sh")]
+            named = any(path.stem == f"test_{code.stem}" for code in scripts)
         else:
             named = any(mirrors(path, module_name(code, mingpt))
                         for code in (mingpt / path.parent.relative_to(tests)).glob("*.py"))
@@ -400,5 +402,5 @@ def test_every_module_with_behaviour_has_a_test_file_of_its_own():
 
 def test_every_test_file_names_the_module_it_tests():
     unnamed = unnamed_test_files(MINGPT, REPO / "tests", REPO / "bench")
-    assert unnamed == [], ("name each test file for its module (test_<module>.py), or list it in NOT_MIRRORED "
-                           f"with why: {', '.join(unnamed)}")
+    assert unnamed == [], ("name each test file for its module (test_<module>.py), or list it in "
+                           f"NOT_MIRRORED with why: {', '.join(unnamed)}")

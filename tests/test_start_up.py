@@ -34,9 +34,9 @@ def test_a_truncated_text_of_the_user_s_says_how_much_it_keeps_and_the_original_
     configure_logging(rank=0)
     load_dataset(config_of(text_file, tmp_path, data_config__truncate=0.5).data_config, world_of_one)
     said = capsys.readouterr().out.splitlines()
-    assert said == [("warning: data_config.truncate=0.5 keeps the first 3,000 of the text's 6,000 characters "
-                     "(the original's setting, made for tiny-shakespeare); data_config.truncate=1.0 trains on "
-                     "all of it"), "Data has 3000 characters, " + said[1].split(", ")[1]]
+    warning = ("warning: data_config.truncate=0.5 keeps the first 3,000 of the text's 6,000 characters (the "
+               "original's setting, made for tiny-shakespeare); data_config.truncate=1.0 trains on all of it")
+    assert said == [warning, "Data has 3000 characters, " + said[1].split(", ")[1]]
     default = config_of(REPO / "data" / "input.txt", tmp_path, data_config__truncate=0.05).data_config
     load_dataset(default, world_of_one)
     assert capsys.readouterr().out == "Data has 55769 characters, 59 unique.\n"  # the original's line alone

@@ -56,6 +56,7 @@ def test_the_report_judges_the_planner_within_its_tolerances():
     assert judged(Held(101.9 * mb, 100 * mb, 200 * mb), 114.9 * mb) == []
     assert judged(Held(102.1 * mb, 100 * mb, 200 * mb), 100 * mb) == [
         "parameters: measured 102.1 MB, planned 100.0 MB"]
-    assert judged(Held(100 * mb, 100 * mb, 195 * mb), 85.1 * mb) == ["optimizer: measured 195.0 MB, planned 200.0 MB"]
+    assert judged(Held(100 * mb, 100 * mb, 195 * mb), 85.1 * mb) == [
+        "optimizer: measured 195.0 MB, planned 200.0 MB"]
     assert judged(Held(100 * mb, 100 * mb, 200 * mb), 84.9 * mb) == [
         "activations: measured 84.9 MB, planned 100.0 MB"]

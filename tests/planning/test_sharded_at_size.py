@@ -11,7 +11,7 @@ the writer's, as dcp.save's local_step, global_step, write_data and finish_check
 process passes the plans and results between them. A load's planning needs no other rank: each rank
 loads with no_dist. Each rank runs in a process of its own (planning.check's fake world, forked), the
 model and optimizer built and sharded by the project's own code (parallel.parallelize,
-model.create_optimizer), its share of the state as the sharded store writes it (sharded_store's
+optimizer.create_optimizer), its share of the state as the sharded store writes it (sharded_store's
 _sharded_state and rank_share).
 """
 from dataclasses import dataclass
