@@ -355,10 +355,15 @@ def imported_by(test) -> set[str]:
 
 def mirrors(test, module: str) -> bool:
     """test_<module>.py mirrors <module>.py (module: its dotted name, mingpt.storage.store); so does a
-    second file of its tests, test_<module>_<what>.py, that imports it (test_fault_tolerance_ft.py)."""
-    name = module.rsplit(".", 1)[-1]
-    return test.stem == f"test_{name}" or (test.stem.startswith(f"test_{name}_") and any(
-        imported == module or imported.startswith(f"{module}.") for imported in imported_by(test)))
+    second file of its tests, test_<module>_<what>.py, that imports it (test_fault_tolerance_ft.py),
+    unless <module>_<what>.py is a module beside it."""
+    package, name = module.rsplit(".", 1)
+    if test.stem == f"test_{name}":
+        return True
+    # test_model_size.py is model_size.py's, though it starts with test_model_ and imports model.py
+    sibling = MINGPT.parent.joinpath(*package.split("."), f"{test.stem.removeprefix('test_')}.py")
+    imports_it = any(seen == module or seen.startswith(f"{module}.") for seen in imported_by(test))
+    return test.stem.startswith(f"test_{name}_") and not sibling.exists() and imports_it
 
 
 def modules_without_tests(mingpt, tests) -> list[str]:
