@@ -3,6 +3,7 @@ each optimizer at the learning rate a small sweep finds best.
 
     python bench/bench_muon.py [--target 2.0] [--max-steps 1000] [--phase sweep|time|both]
     python bench/bench_muon.py --phase end --recipe small|default [--runs LABEL ...] [--load-note TEXT]
+    python bench/bench_muon.py --phase step [--nproc 2] [--batch-size 8] [--steps 5] [--rounds 2]
 
 Each run is `python mingpt/main.py --config-name laptop` (a 0.8M-parameter model, the whole text,
 contiguous split, evaluated every --eval-every steps on 16 batches) with the optimizer and learning
@@ -24,6 +25,17 @@ verdict: each optimizer's lowest final loss over its runs (its best learning rat
 defaults and at learning rates around them), the ratio of the two, and how much sooner Muon's
 evaluations reach the loss AdamW ends at (in steps; the seconds of a run measured under load are
 recorded but not compared).
+
+--phase step (issue 59, item 4's last figure): what a step costs with sharded Muon against sharded
+AdamW and against DDP Muon, on --nproc ranks (torchrun, gloo, one thread each) and the default model's
+shape (8 layers, 8 heads, 512 wide, block 128, bf16 autocast as the default run computes on a CPU).
+Each rank times whole training steps and, within them, the optimizer's step (clipping included);
+the three settings take turns, --rounds times, so that a machine's load falls on each alike, and each
+keeps its fastest round. The default run's batch (216 per rank) would take minutes a step here, so a
+smaller --batch-size is timed and the step at the default batch estimated as the forward and backward
+passes scaled by the batch plus the optimizer's step, which does not depend on it (the passes are the
+faster fsdp setting's for both: the same computation, told apart only by the load). Writes
+bench/results/muon_step.json.
 """
 import argparse
 import functools
@@ -43,6 +55,11 @@ EVAL_LINE = re.compile(r"\| Step (\d+) \| Eval Loss ([\d.]+)")
 TARGET_SPEEDUP = 1.2
 TARGET_SOONER = 1.3
 """Issue 59: Muon reaches the loss AdamW ends at at least this much sooner."""
+TARGET_STEP_RATIO = 1.15
+"""Issue 59: sharded Muon's step within 15% of sharded AdamW's, on the default model."""
+STEP_SETTINGS = {"fsdp_adamw": ("fsdp", "adamw"), "fsdp_muon": ("fsdp", "muon"), "ddp_muon": ("ddp", "muon")}
+DEFAULT_BATCH = 216
+"""gpt2_train_cfg.yaml's trainer_config.batch_size (per rank)."""
 
 RECIPES = {
     # nanoGPT's small character recipe: 4 layers, 4 heads, 128 wide, block 64, batch 32, AdamW at 1e-3
@@ -170,11 +187,93 @@ def end_phase(args: argparse.Namespace) -> None:
         name, _, settings = label.partition(":")
         extra = [f"optimizer_config.name={name}",
                  *(f"optimizer_config.{setting}" for setting in settings.split(",") if setting)]
-        runs[label] = {**run_to_the_end(recipe, extra, args.eval_every, folder, args.threads),
-                       "load_note": args.load_note}
+        result = {**run_to_the_end(recipe, extra, args.eval_every, folder, args.threads), "load_note": args.load_note}
+        # Read again before writing: another sweep may share the file (each run is minutes to an hour).
+        runs = json.loads(path.read_text()).get("runs", {}) if path.exists() else {}
+        runs[label] = result
         save_json(path, {"recipe": {**recipe, "name": args.recipe}, "runs": runs,
                          "verdict": end_verdict(runs, recipe["steps"])})
     print(json.dumps(end_verdict(runs, recipe["steps"]), indent=1))
+
+
+def step_worker(args: argparse.Namespace) -> None:
+    """Under torchrun: one setting's steps timed on every rank; rank 0 emits the slowest rank's."""
+    from common import benchmark_trainer, emit
+
+    from mingpt.distributed.muon import optimizer_for
+    from mingpt.distributed.process_group import all_gather_objects, distributed_session
+    from mingpt.optimizer import OptimizerConfig
+
+    method, name = STEP_SETTINGS[args.setting]
+    with distributed_session() as env:
+        with benchmark_trainer(env, 8, 8, 512, 128, batch_size=args.batch_size, use_amp=True,
+                               amp_dtype="bfloat16", distributed_method=method) as trainer:
+            # The Trainer was built with AdamW's defaults: the optimizer under test in its place, as
+            # the Trainer builds it (after wrapping), and the schedule reading its config.
+            trainer.optimizer_config = OptimizerConfig(name=name)
+            trainer.optimizer = optimizer_for(trainer.model, trainer.optimizer_config)
+            in_optimizer = []
+            optimizer_step = trainer.optimizer_step
+
+            def timed_optimizer_step():
+                start = time.perf_counter()
+                norm = optimizer_step()
+                norm.item()
+                in_optimizer.append(time.perf_counter() - start)
+                return norm
+
+            trainer.optimizer_step = timed_optimizer_step
+            batches = iter(trainer.train_loader)
+            steps = []
+            for _ in range(args.warmup + args.steps):
+                inputs, targets = trainer.to_device(next(batches))
+                start = time.perf_counter()
+                trainer._run_batch(inputs, targets)[0].item()
+                steps.append(time.perf_counter() - start)
+            mine = {"step_s": sum(steps[args.warmup:]) / args.steps,
+                    "optimizer_s": sum(in_optimizer[args.warmup:]) / args.steps}
+            everyone = all_gather_objects(mine)
+        if env.is_main:
+            emit({key: max(rank[key] for rank in everyone) for key in mine})
+
+
+def step_verdict(rounds: dict, batch_size: int) -> tuple[dict, dict]:
+    """Each setting's fastest round, and the ratios against the target. At the default batch the
+    forward and backward passes (the step less the optimizer's) are fsdp's fastest of its two
+    settings, the same computation in both: their difference here is the machine's load, which
+    scaled by the batch would swamp the optimizers' difference."""
+    best = {label: min(results, key=lambda result: result["step_s"]) for label, results in rounds.items()}
+    passes = min(best[label]["step_s"] - best[label]["optimizer_s"] for label in ("fsdp_adamw", "fsdp_muon"))
+    for result in best.values():
+        result["default_batch_step_s_estimate"] = passes * DEFAULT_BATCH / batch_size + result["optimizer_s"]
+    muon, adamw, ddp = best["fsdp_muon"], best["fsdp_adamw"], best["ddp_muon"]
+    ratio = muon["step_s"] / adamw["step_s"]
+    ratio_default = muon["default_batch_step_s_estimate"] / adamw["default_batch_step_s_estimate"]
+    return best, {"fsdp_muon_over_fsdp_adamw": ratio, "fsdp_muon_over_ddp_muon": muon["step_s"] / ddp["step_s"],
+                  "fsdp_muon_optimizer_over_ddp_muon_optimizer": muon["optimizer_s"] / ddp["optimizer_s"],
+                  "fsdp_muon_over_fsdp_adamw_at_default_batch_estimate": ratio_default,
+                  "target_ratio": TARGET_STEP_RATIO, "met_at_timed_batch": ratio <= TARGET_STEP_RATIO,
+                  "met_at_default_batch_estimate": ratio_default <= TARGET_STEP_RATIO}
+
+
+def step_phase(args: argparse.Namespace) -> None:
+    """The three settings in turns, each round a torchrun of its own; each setting's fastest round."""
+    from common import run_workers
+
+    rounds = {label: [] for label in STEP_SETTINGS}
+    for round_ in range(args.rounds):
+        for label in STEP_SETTINGS:
+            flags = ["--phase", "step", "--setting", label, "--batch-size", args.batch_size, "--steps", args.steps,
+                     "--warmup", args.warmup]
+            rounds[label].append(run_workers(__file__, args.nproc, 1, flags))
+            print(f"round {round_ + 1} {label}: {rounds[label][-1]}", flush=True)
+    best, verdict = step_verdict(rounds, args.batch_size)
+    print(json.dumps(verdict, indent=1))
+    save_json(args.json if args.json != RESULTS / "muon.json" else RESULTS / "muon_step.json",
+              {"settings": {"nproc": args.nproc, "threads_per_rank": 1, "model": "8 layers, 8 heads, 512 wide, "
+                            "block 128, bf16 autocast", "batch_size_per_rank": args.batch_size, "steps": args.steps,
+                            "warmup": args.warmup, "rounds": args.rounds, "load_note": args.load_note},
+               "rounds": rounds, "best": best, "verdict": verdict})
 
 
 def main() -> None:
@@ -185,7 +284,7 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--adamw-rates", type=float, nargs="+", default=[1e-3, 3e-3, 6e-3])
     parser.add_argument("--muon-rates", type=float, nargs="+", default=[0.01, 0.02, 0.04])
-    parser.add_argument("--phase", choices=["sweep", "time", "both", "end"], default="both")
+    parser.add_argument("--phase", choices=["sweep", "time", "both", "end", "step"], default="both")
     parser.add_argument("--recipe", choices=sorted(RECIPES), default="small", help="--phase end: the recipe")
     parser.add_argument("--runs", nargs="+", default=["adamw:learning_rate=0.001", "muon:"],
                         help="--phase end: NAME:KEY=VALUE,... (optimizer_config's), each a run")
@@ -193,7 +292,20 @@ def main() -> None:
     parser.add_argument("--load-note", default="", help="--phase end: what else the machine ran meanwhile")
     parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of the sweep's runs")
     parser.add_argument("--json", type=Path, default=RESULTS / "muon.json")
+    parser.add_argument("--nproc", type=int, default=2, help="--phase step: ranks")
+    parser.add_argument("--batch-size", type=int, default=8, help="--phase step: samples per rank")
+    parser.add_argument("--steps", type=int, default=5, help="--phase step: timed steps")
+    parser.add_argument("--warmup", type=int, default=2, help="--phase step: untimed steps first")
+    parser.add_argument("--rounds", type=int, default=2, help="--phase step: turns of the three settings")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--setting", choices=sorted(STEP_SETTINGS), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        step_worker(args)
+        return
+    if args.phase == "step":
+        step_phase(args)
+        return
     if args.phase == "end":
         end_phase(args)
         return
