@@ -36,6 +36,10 @@ class OptimizerConfig:
     """Optimizer steps of linear warmup from 0 (either schedule)."""
     min_lr_ratio: float = 0.1
     """Where the cosine schedule ends, as a share of learning_rate."""
+    cooldown: float = 0.0
+    """The last share of the run's steps over which every learning rate (Muon's too) falls in a line
+    towards 0, on top of lr_schedule: with constant, a warmup-stable-decay schedule. 0: the
+    original's rate to the end (bench/results/muon_end_small.json measures both optimizers with 0.5)."""
 
     def __post_init__(self) -> None:
         check_positive(self, "optimizer_config", "learning_rate", "muon_learning_rate")
@@ -46,10 +50,14 @@ class OptimizerConfig:
               f"must be in [0, 1), got {self.muon_momentum}")
         check(0 <= self.min_lr_ratio <= 1, "optimizer_config.min_lr_ratio",
               f"must be in [0, 1], got {self.min_lr_ratio}")
+        check(0 <= self.cooldown <= 1, "optimizer_config.cooldown",
+              f"must be in [0, 1] (a share of the run's steps), got {self.cooldown}")
 
     def describe(self) -> str:
         """The start-up's line: "AdamW, learning rate 0.0003, constant, weight decay 0.1"."""
         schedule = self.lr_schedule + (f" after {self.warmup_steps:,} warmup steps" if self.warmup_steps else "")
+        if self.cooldown:
+            schedule += f", cooling down to 0 over the last {self.cooldown:.0%} of the steps"
         adamw = f"AdamW, learning rate {self.learning_rate:g}, {schedule}, weight decay {self.weight_decay:g}"
         if self.name == "muon":
             return (f"Muon for the blocks' matrices (learning rate {self.muon_learning_rate:g}, momentum "
@@ -60,6 +68,10 @@ class OptimizerConfig:
 def learning_rate_at(step: int, total_steps: int, config: OptimizerConfig) -> float:
     """The learning rate for optimizer step `step` (0-based): a pure function of the step, so a
     resumed run needs no scheduler state."""
+    return _scheduled(step, total_steps, config) * _cooling(step, total_steps, config.cooldown)
+
+
+def _scheduled(step: int, total_steps: int, config: OptimizerConfig) -> float:
     if step < config.warmup_steps:
         return config.learning_rate * (step + 1) / config.warmup_steps
     if config.lr_schedule == "constant":
@@ -68,6 +80,15 @@ def learning_rate_at(step: int, total_steps: int, config: OptimizerConfig) -> fl
     progress = min((step - config.warmup_steps) / decay_steps, 1.0)
     floor = config.min_lr_ratio * config.learning_rate
     return floor + 0.5 * (1 + math.cos(math.pi * progress)) * (config.learning_rate - floor)
+
+
+def _cooling(step: int, total_steps: int, share: float) -> float:
+    """The cooldown's factor: 1 until the last share of the steps, then down in a line that would
+    reach 0 one step after the last (the last step still moves, by 1 / its steps of the rate)."""
+    steps = share * total_steps
+    if steps <= 0:
+        return 1.0
+    return max(0.0, min(1.0, (total_steps - step) / steps))
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, step: int, total_steps: int,

@@ -88,6 +88,26 @@ def test_learning_rate_warms_up_then_follows_the_schedule():
     assert {learning_rate_at(step, 100, constant) for step in (0, 50, 99)} == {0.5}
 
 
+def test_the_cooldown_brings_every_rate_down_in_a_line_over_the_last_share_of_the_steps():
+    """A warmup-stable-decay schedule: constant to the last half here, then down towards 0 (the last
+    step still moves), on top of cosine as well; Muon's peak comes down with AdamW's."""
+    constant = OptimizerConfig(learning_rate=1.0, cooldown=0.5)
+    assert [learning_rate_at(step, 100, constant) for step in (0, 49, 50, 75, 99)] == pytest.approx(
+        [1.0, 1.0, 1.0, 0.5, 0.02])
+    cosine = OptimizerConfig(learning_rate=1.0, lr_schedule="cosine", min_lr_ratio=0.1, cooldown=0.2)
+    no_cooldown = OptimizerConfig(learning_rate=1.0, lr_schedule="cosine", min_lr_ratio=0.1, cooldown=0.0)
+    assert learning_rate_at(70, 100, cosine) == learning_rate_at(70, 100, no_cooldown)
+    assert learning_rate_at(90, 100, cosine) == pytest.approx(0.5 * learning_rate_at(90, 100, no_cooldown))
+    optimizer = create_optimizer(tiny_gpt(), OptimizerConfig(name="muon"))
+    set_learning_rate(optimizer, 90, 100, OptimizerConfig(name="muon", learning_rate=1e-3, cooldown=0.2))
+    assert sorted(group["lr"] for group in optimizer.param_groups) == pytest.approx([5e-4, 5e-4, 0.01])
+    with pytest.raises(ConfigError, match="optimizer_config.cooldown: must be in"):
+        OptimizerConfig(cooldown=1.5)
+    assert OptimizerConfig(cooldown=0.5).describe() == (
+        "AdamW, learning rate 0.0003, constant, cooling down to 0 over the last 50% of the steps, weight decay 0.1 "
+        "(optimizer_config.name)")
+
+
 def test_bad_schedule_names_the_key():
     with pytest.raises(ConfigError, match="optimizer_config.lr_schedule"):
         OptimizerConfig(lr_schedule="linear")
