@@ -40,15 +40,18 @@ request in flight would otherwise wait out the whole quorum_timeout_s: the group
 a snapshot as on a stop signal (the step under way is not committed), and says why.
 
 torchft is an optional dependency (the `ft` extra); nothing here imports it until the mode is on.
+Its optimizer wrapper is subclassed (CommittingOptimizer).
 """
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import importlib.util
 import logging
 import os
 import signal
 import socket
+import sys
 import time
 import urllib.parse
 import warnings
@@ -217,7 +220,7 @@ class Replicas:
         return method
 
     def committing(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        return CommittingOptimizer(optimizer, self) if self.active else optimizer
+        return committing_optimizer(optimizer, self) if self.active else optimizer
 
     def _start_manager(self) -> None:
         quiet_torchft()  # before torchft is imported: its Rust core reads RUST_LOG then
@@ -522,46 +525,74 @@ def handled_stop_signal() -> Optional[int]:
     return None
 
 
-class CommittingOptimizer(torch.optim.Optimizer):
-    """The run's optimizer, stepping only the updates the replica groups commit: zero_grad starts a
-    step's quorum, step applies the update if it is committed. Everything else is the optimizer's
-    own (its param_groups, state, state_dict), so learning rates and the grad scaler see it as it is;
-    snapshots are taken of the plain optimizer (plain()), since torch's state-dict API may step an
-    optimizer to initialise its state."""
+def committing_optimizer(optimizer: torch.optim.Optimizer, replicas: "Replicas") -> torch.optim.Optimizer:
+    """The run's optimizer, stepping only the updates the replica groups commit (Replicas.committing)."""
+    return committing_optimizer_class()(optimizer, replicas)
 
-    def __init__(self, optimizer: torch.optim.Optimizer, replicas: Replicas):
-        self.optimizer, self.replicas = optimizer, replicas  # a view: Optimizer.__init__ is not called
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.replicas.start_step()
-        self.optimizer.zero_grad(set_to_none=set_to_none)
+def _the_optimizers(name: str) -> property:
+    """An attribute of the wrapped optimizer, read, written and deleted through the wrapper."""
+    return property(lambda wrapper: getattr(wrapper.optim, name),
+                    lambda wrapper, value: setattr(wrapper.optim, name, value),
+                    lambda wrapper: delattr(wrapper.optim, name))
 
-    def step(self, closure=None, **kwargs):
-        if self.replicas.commit():
-            return self.optimizer.step(closure, **kwargs)
-        return None
 
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups
+@functools.cache
+def committing_optimizer_class() -> type:
+    """CommittingOptimizer, made once torchft is imported (which the mode alone does)."""
+    from torchft import Optimizer
 
-    @property
-    def state(self):
-        return self.optimizer.state
+    class CommittingOptimizer(Optimizer):
+        """torchft's optimizer wrapper (torchft.Optimizer, torchtitan's): zero_grad starts a step's
+        quorum, step applies the update only if it is committed; the optimizer's param_groups, state and
+        state_dict are its own, so the learning rates and the grad scaler see it as it is. Snapshots are
+        taken of the plain optimizer (plain()), since torch's state-dict API may step an optimizer to
+        initialise its state. Three things more than torchft's:
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
+        - the quorum and the commit are Replicas' (start_step, commit), not the Manager's alone: the
+          first step's quorum is the one formed on entering training (a joining group heals in it), a
+          lighthouse gone during a quorum stops the group with a snapshot and leaves its step
+          uncommitted, groups that leave or join are said, and a dropped step is counted as missed;
+        - step passes its arguments to the optimizer's step and returns its result (torchft's takes
+          none and asserts there is no closure);
+        - what GradScaler reads of a fused optimizer (whether it unscales in its own kernel) is read
+          from the optimizer, and what it writes for it (grad_scale, found_inf) is written to it: on
+          torchft's wrapper they stay on the wrapper, and a fused step then applies an overflowing
+          fp16 update, infinities and all, where a plain run skips it."""
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state_dict)
+        def __init__(self, optimizer: torch.optim.Optimizer, replicas: "Replicas"):
+            super().__init__(replicas.manager, optimizer)  # a view: Optimizer.__init__ is not called
+            self.replicas = replicas
 
-    def __getattr__(self, name: str) -> Any:  # what GradScaler asks of a fused optimizer, say
-        return getattr(self.__dict__["optimizer"], name)
+        def zero_grad(self, set_to_none: bool = True) -> None:
+            self.replicas.start_step()
+            self.optim.zero_grad(set_to_none=set_to_none)
+
+        def step(self, closure=None, **kwargs):
+            if self.replicas.commit():
+                return self.optim.step(closure, **kwargs)
+            return None
+
+        grad_scale = _the_optimizers("grad_scale")
+        found_inf = _the_optimizers("found_inf")
+
+        def __getattr__(self, name: str) -> Any:  # what GradScaler asks of a fused optimizer, say
+            try:
+                optimizer = self.__dict__["optim"]
+            except KeyError:  # being made or copied: nothing to read through yet
+                raise AttributeError(name) from None
+            return getattr(optimizer, name)
+
+    return CommittingOptimizer
 
 
 def plain(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """The optimizer inside a CommittingOptimizer, or itself."""
-    return optimizer.optimizer if isinstance(optimizer, CommittingOptimizer) else optimizer
+    """The optimizer inside a CommittingOptimizer (any torchft optimizer wrapper), or itself. torchft is
+    not imported for this: before the mode imports it, no wrapper exists."""
+    torchft = sys.modules.get("torchft")
+    if torchft is not None and isinstance(optimizer, torchft.Optimizer):
+        return optimizer.optim
+    return optimizer
 
 
 class GradientAverage:

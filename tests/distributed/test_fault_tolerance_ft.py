@@ -15,7 +15,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from mingpt.common.errors import ConfigError, MinGPTError
 from mingpt.distributed import fault_tolerance
 from mingpt.distributed.fault_tolerance import (
-    CommittingOptimizer,
     GradientAverage,
     Replicas,
     FaultToleranceConfig,
@@ -118,9 +117,12 @@ def test_each_group_keeps_its_own_metrics_file():
 
 
 class Quorum:
-    """What CommittingOptimizer asks of Replicas: a step's quorum, then its commit."""
+    """What CommittingOptimizer asks of Replicas: a step's quorum, then its commit (its Manager is
+    torchft's wrapper's, which the committing optimizer does not ask)."""
 
-    def __init__(self, commits: bool):
+    manager = None
+
+    def __init__(self, commits: bool = True):
         self.commits, self.calls = commits, []
 
     def start_step(self):
@@ -136,7 +138,7 @@ def test_the_optimizer_steps_only_a_committed_update(commits):
     model = nn.Linear(4, 2)
     inner = torch.optim.AdamW(model.parameters(), lr=0.1)
     quorum = Quorum(commits)
-    optimizer = CommittingOptimizer(inner, quorum)
+    optimizer = fault_tolerance.committing_optimizer(inner, quorum)
     before = model.weight.detach().clone()
     optimizer.zero_grad(set_to_none=True)
     model(torch.ones(3, 4)).sum().backward()
@@ -148,6 +150,32 @@ def test_the_optimizer_steps_only_a_committed_update(commits):
     assert torch.equal(model.weight, before) != commits
     assert plain(optimizer) is inner and plain(inner) is inner
     assert optimizer.param_groups is inner.param_groups and optimizer.state_dict() == inner.state_dict()
+    import torchft
+
+    assert isinstance(optimizer, torchft.Optimizer)  # torchft's own wrapper, subclassed
+
+
+def test_an_overflowing_fp16_step_is_skipped_by_a_fused_optimizer_as_without_the_mode():
+    """GradScaler hands a fused optimizer the overflow it found as attributes of the optimizer it is
+    given, which the fused step reads: through a wrapper that keeps them (torchft's, and this module's
+    own before it subclassed torchft's) the update went through, and the weights became NaN. A CPU
+    GradScaler and fused AdamW stand for CUDA's."""
+    results = {}
+    for mode in ("plain", "committing"):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 2)
+        inner = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+        optimizer = fault_tolerance.committing_optimizer(inner, Quorum()) if mode == "committing" else inner
+        scaler = torch.amp.GradScaler("cpu", init_scale=16.0)
+        before = model.weight.detach().clone()
+        optimizer.zero_grad()
+        scaler.scale(model(torch.ones(3, 4)).sum() * float("inf")).backward()
+        scaler.unscale_(optimizer)
+        scaler.step(optimizer)
+        scaler.update()
+        results[mode] = (torch.equal(model.weight, before), scaler.get_scale())
+        assert not hasattr(inner, "found_inf") and not hasattr(inner, "grad_scale")  # GradScaler's, gone
+    assert results["committing"] == results["plain"] == (True, 8.0)
 
 
 class HalvingManager:
