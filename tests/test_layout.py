@@ -316,8 +316,6 @@ NOT_MIRRORED = {
     "test_layout.py": "the layout of the whole project: its layers, its imports, this rule",
     "test_landmarks.py": "the original example's names, wherever they went (docs/ARCHITECTURE.md)",
     "test_helpers.py": "the suite's own promise about its helpers (tests/helpers.py)",
-    "test_generate_sampling.py": "model.py's GPT.generate, not generate.py's (test_generate.py): to be "
-                                 "renamed test_model_generate.py, left while model.py's sampling moved",
     "storage/test_other_snapshots.py": "snapshots a run cannot resume, across the checkpointer and both "
                                        "stores",
     "storage/test_s3.py": "snapshots on a real S3 server, through every layer of storage/ to s3fs",

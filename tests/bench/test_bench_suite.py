@@ -18,7 +18,7 @@ def test_pytests_last_line_is_read_as_counts_by_kind():
 def test_a_run_of_one_file_is_timed_and_counted(tmp_path):
     report = tmp_path / "suite.json"
     result = run([sys.executable, REPO / "bench" / "bench_suite.py", "--runs", "1", "--json", report, "--",
-                  "tests/test_generate_sampling.py", "-n", "0"], timeout=300)
+                  "tests/test_model_generate.py", "-n", "0"], timeout=300)
     assert_ok(result)
     figures = json.loads(report.read_text())
     assert figures["quick_tests"] == figures["suite_tests"] == figures["runs"][0]["counts"]["passed"] > 10

@@ -1,5 +1,5 @@
 """common/tensor_ops.py: the CPU's dropout mask and causal attention with dropout, against torch's
-arithmetic (the model's use of them: tests/test_model.py; top-k sampling: tests/test_generate_sampling.py)."""
+arithmetic (the model's use of them: tests/test_model.py; top-k sampling: tests/test_model_generate.py)."""
 import math
 
 import pytest
