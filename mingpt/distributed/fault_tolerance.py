@@ -39,14 +39,18 @@ port refuses connections, or stays silent for timeout_s) ends the wait at once, 
 request in flight would otherwise wait out the whole quorum_timeout_s: the group then stops with
 a snapshot as on a stop signal (the step under way is not committed), and says why.
 
-torchft is an optional dependency (the `ft` extra); nothing here imports it until the mode is on.
-Its optimizer wrapper is subclassed (CommittingOptimizer).
+torchft is an optional dependency (the `ft` extra, which pins the torchft this module is written
+against); nothing here imports it until the mode is on. Its optimizer wrapper is subclassed
+(CommittingOptimizer); the few internals of torchft the mode reaches into are checked as each group
+starts (COUPLINGS, check_torchft).
 """
 import concurrent.futures
 import contextlib
 import dataclasses
 import functools
+import importlib.metadata
 import importlib.util
+import inspect
 import logging
 import os
 import signal
@@ -63,11 +67,14 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from mingpt.common.errors import MinGPTError, check
+from mingpt.common.errors import ConfigError, MinGPTError, check
 from mingpt.common.logger import log
 from mingpt.distributed.process_group import DistEnv
 
 FT_EXTRA = "pip install -e '.[ft]' (torchft)"
+TORCHFT_VERSION = "0.2.0"
+"""The torchft this module is written against (pyproject.toml's ft extra pins it): besides its public
+API, the mode reaches into a few of its internals (COUPLINGS), which each group checks at its start."""
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 """torchft's own variable for the lighthouse's address, read when fault_tolerance_config.lighthouse is empty."""
 SECTION = "fault_tolerance_config"
@@ -240,8 +247,11 @@ class Replicas:
                 connect_timeout=timedelta(seconds=settings.timeout_s),
                 store_addr=host, store_port=port, rank=env.rank, world_size=env.world_size,
                 lighthouse_addr=self.lighthouse, hostname=host)
+        except TypeError as error:  # a torchft whose Manager takes other arguments, not a lost lighthouse
+            raise ConfigError(KEY, needs_torchft(f"Manager's arguments ({error})")) from None
         except Exception as error:  # the lighthouse cannot be reached (torchft says it in many words)
             raise MinGPTError(lighthouse_lost(self.lighthouse, error, "start")) from None
+        check_torchft(self.manager)  # before the first quorum, which the couplings take part in
         quiet_checkpoint_server(self.manager)
         log.info(f"Replicas: replica group {settings.replica_group} of {settings.replica_groups} ({env.world_size} rank(s) each), "
                  f"lighthouse {self.lighthouse}, training while {settings.min_replica_groups} or more are live; a group "
@@ -490,7 +500,8 @@ class LighthouseGone(Exception):
 
 def watched_manager(replicas: Replicas) -> type:
     """torchft's Manager, its wait for a quorum replicas' own (Replicas.wait_for_quorum): a subclass made
-    once torchft is imported, which the mode alone does."""
+    once torchft is imported, which the mode alone does. A coupling (COUPLINGS): torchft's start_quorum
+    waits through wait_quorum, on the future it keeps in _quorum_future."""
     from torchft import Manager
 
     class WatchedManager(Manager):
@@ -504,7 +515,8 @@ def end_quorum_request(manager) -> None:
     """End the quorum request that torchft's thread still waits on after the lighthouse went away: its
     group's manager server never answers a request whose lighthouse call failed (it waits out
     quorum_timeout_s), and Python's exit would wait for that thread. Shut down, this process's
-    connections to the manager server fail the request at once."""
+    connections to the manager server fail the request at once. A coupling (COUPLINGS): the server's
+    address is read where the Manager keeps it, under MANAGER_ADDR_KEY in its _store."""
     import psutil
     from torchft.manager import MANAGER_ADDR_KEY
 
@@ -651,7 +663,8 @@ def average_gradients(average: GradientAverage, bucket: dist.GradBucket) -> torc
 
 def replica_process_group(device: torch.device, timeout: timedelta):
     """torchft's process group across groups (NCCL for GPUs, gloo for CPUs), noting each quorum's
-    groups as the Manager remakes it (configure's global ranks: group x ranks per group + rank)."""
+    groups as the Manager remakes it (configure's global ranks: group x ranks per group + rank). A
+    coupling (COUPLINGS): the override takes configure's parameters as torchft's Manager passes them."""
     from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
 
     base = ProcessGroupNCCL if device.type == "cuda" else ProcessGroupGloo
@@ -755,10 +768,10 @@ def progress_fields(progress) -> dict[str, Any]:
 def quiet_checkpoint_server(manager) -> None:
     """torchft serves a healing group the state over HTTP with http.server's handler, which prints
     an access line on stderr for every request; this module says the healing in its own line. (The
-    handler is reached through the transport's server: a torchft that keeps it elsewhere keeps the
-    access line, nothing worse.)"""
+    handler is reached through the transport's server, a coupling: a torchft that keeps it elsewhere
+    was warned of at the start, and keeps the access line, nothing worse.)"""
     with contextlib.suppress(AttributeError):
-        manager._checkpoint_transport._server.RequestHandlerClass.log_message = lambda *args: None
+        _checkpoint_handler(manager).log_message = lambda *args: None
 
 
 def quiet_torchft() -> None:
@@ -769,3 +782,111 @@ def quiet_torchft() -> None:
     # A healing group reads tensors out of the received bytes, which torch warns are not writable.
     warnings.filterwarnings("ignore", message="The given buffer is not writable",
                             module=r"torch\.distributed\._serialization")
+
+
+# -- torchft's internals -------------------------------------------------------------------------------
+# What the mode needs beyond torchft's public API (the Manager's methods, its process groups and
+# optimizer wrapper): each place it reaches into torchft is a Coupling, checked when a group starts, so
+# that a torchft that moved one is refused in one line naming the version the mode needs, rather than
+# training on without what the coupling gave (tests/distributed/test_fault_tolerance_ft.py runs each
+# against the installed torchft).
+
+CONFIGURE_PARAMETERS = ("self", "store_addr", "replica_id", "rank", "world_size", "quorum_id", "group_rank",
+                        "group_world_size", "global_ranks")
+"""ProcessGroupGloo's and ProcessGroupNCCL's configure, as replica_process_group's override takes it and
+as the Manager calls it (positionally, at every new quorum)."""
+
+
+@dataclass(frozen=True)
+class Coupling:
+    """A place where this module reaches past torchft's public API."""
+
+    reaches: str
+    """What of torchft it reaches, as torchft's source names it."""
+    gives: str
+    """What it gives the run, which a torchft without it would take away."""
+    holds: Callable[[Any], bool]
+    """Whether the installed torchft has it, given a Manager just made."""
+    needed: bool = True
+    """Without it the mode is refused; one that only keeps torchft quiet is warned of instead."""
+
+
+def _parameters(function: Callable) -> tuple[str, ...]:
+    return tuple(inspect.signature(function).parameters)
+
+
+def _waits_through_wait_quorum(manager) -> bool:
+    from torchft import Manager
+
+    return _parameters(Manager.wait_quorum) == ("self",) and "_quorum_future" in vars(manager)
+
+
+def _configure_takes_global_ranks(manager) -> bool:
+    from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
+
+    return all(_parameters(base.configure) == CONFIGURE_PARAMETERS
+               for base in (ProcessGroupGloo, ProcessGroupNCCL))
+
+
+def _manager_address_in_store(manager) -> bool:
+    import torchft.manager
+
+    return (isinstance(getattr(torchft.manager, "MANAGER_ADDR_KEY", None), str)
+            and callable(getattr(vars(manager).get("_store"), "get", None)))
+
+
+def _checkpoint_handler(manager) -> type:
+    return manager._checkpoint_transport._server.RequestHandlerClass
+
+
+COUPLINGS = (
+    Coupling("Manager.wait_quorum() over Manager._quorum_future",
+             "the lighthouse watched while a quorum is awaited, so that a lost one is said within a second, "
+             "not after quorum_timeout_s", _waits_through_wait_quorum),
+    Coupling("ProcessGroupGloo.configure's and ProcessGroupNCCL.configure's parameters "
+             f"({', '.join(CONFIGURE_PARAMETERS[1:])})", "which groups are in each quorum",
+             _configure_takes_global_ranks),
+    Coupling("Manager._store and torchft.manager.MANAGER_ADDR_KEY",
+             "the quorum request still in flight when the lighthouse went away ended at once, not after "
+             "quorum_timeout_s", _manager_address_in_store),
+    Coupling("Manager._checkpoint_transport._server.RequestHandlerClass.log_message",
+             "a healing group's transfers said in one line, without http.server's access lines",
+             lambda manager: callable(_checkpoint_handler(manager).log_message), needed=False),
+)
+
+
+def check_torchft(manager) -> None:
+    """At a group's start, once its Manager is made: a torchft that lacks a coupling the mode needs is
+    refused in one line naming the torchft it needs (the Manager shut down first); one that lacks a
+    coupling for quiet alone is warned of, and the run goes on."""
+    broken = [coupling for coupling in COUPLINGS if not _holds(coupling, manager)]
+    if not broken:
+        return
+    installed = torchft_version()
+    needed = [coupling for coupling in broken if coupling.needed]
+    if needed:
+        manager.shutdown(wait=False)
+        raise ConfigError(KEY, needs_torchft("; ".join(f"{coupling.reaches} (for {coupling.gives})"
+                                                       for coupling in needed)))
+    for coupling in broken:
+        log.warning(f"torchft {installed} is not torchft {TORCHFT_VERSION}: it lacks {coupling.reaches}, "
+                    f"so the run goes on without {coupling.gives}")
+
+
+def needs_torchft(changed: str) -> str:
+    return (f"needs torchft {TORCHFT_VERSION}, and torchft {torchft_version()} is installed, whose {changed} "
+            f"changed: pip install torchft=={TORCHFT_VERSION} (the ft extra pins it)")
+
+
+def torchft_version() -> str:
+    try:
+        return importlib.metadata.version("torchft")
+    except importlib.metadata.PackageNotFoundError:  # a source tree on the path, not an installed package
+        return "of unknown version"
+
+
+def _holds(coupling: Coupling, manager) -> bool:
+    try:
+        return bool(coupling.holds(manager))
+    except (AttributeError, ImportError, TypeError, ValueError):  # moved, renamed, or not a function any more
+        return False

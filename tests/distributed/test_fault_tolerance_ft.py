@@ -496,3 +496,170 @@ def test_a_group_whose_lighthouse_does_not_answer_at_its_start_says_so_within_ft
     with pytest.raises(MinGPTError, match=rf"^cannot reach the lighthouse at {replicas.lighthouse} \(start\); "):
         replicas._await_lighthouse()
     assert 1.0 <= time.monotonic() - started < 1.0 + 2 * replicas.WATCH_S + 1
+
+
+# -- torchft's internals, against the installed torchft -----------------------------------------------
+
+@pytest.fixture
+def group_one_of_two(voice, monkeypatch):
+    """Replica group 1 of 2 (one rank) as Replicas.open makes it: a real Manager of the installed
+    torchft, joined to a lighthouse in this process (quick to start: the tests of a lost lighthouse,
+    which must be killed, start one of their own)."""
+    monkeypatch.setenv("RUST_LOG", "error")  # torchft's Rust core reads it when torchft is first imported
+    from torchft.coordination import LighthouseServer
+
+    from mingpt.distributed.process_group import DistEnv
+
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1)
+    env = DistEnv(0, 0, 1, 1, torch.device("cpu"), "gloo")
+    settings = FaultToleranceConfig(enabled=True, lighthouse=lighthouse.address(), replica_group=1,
+                                    replica_groups=2, timeout_s=30, quorum_timeout_s=30)
+    replicas = Replicas.open(settings, env)
+    yield replicas
+    replicas.manager.shutdown(wait=False)
+    lighthouse.shutdown()
+
+
+def test_the_installed_torchft_has_what_the_mode_reaches_into(group_one_of_two, capfd, monkeypatch):
+    """Each coupling to torchft's internals, as a quorum and a healing request use it: the Manager waits
+    for its quorum through the watched wait, on its own future; configure's global ranks name the
+    groups of the quorum (here group 1, alone); the checkpoint server answers without an access line.
+    The start-up check found nothing to say."""
+    import http.client
+    import urllib.parse
+
+    replicas = group_one_of_two
+    assert all(fault_tolerance._holds(coupling, replicas.manager) for coupling in fault_tolerance.COUPLINGS)
+    waited = []
+    watch = replicas.wait_for_quorum
+    monkeypatch.setattr(replicas, "wait_for_quorum", lambda quorum: (waited.append(quorum), watch(quorum)))
+    replicas._quorum(say=False)
+    assert waited and waited[0] is replicas.manager._quorum_future, "torchft waits elsewhere than wait_quorum"
+    assert replicas.process_group.members == (1,), "configure's global ranks did not name the quorum's groups"
+    server = urllib.parse.urlparse(replicas.manager._checkpoint_transport.metadata())
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    connection.request("POST", "/checkpoint/0/full")  # http.server answers 501, and would log the request
+    assert connection.getresponse().status == 501
+    connection.close()
+    said = capfd.readouterr()
+    assert "POST" not in said.err, "the checkpoint server's access lines are not quieted"
+    assert "is not torchft" not in said.out  # no coupling warned of
+
+
+def configure_without_global_ranks(self, store_addr, replica_id, rank, world_size, quorum_id=None):
+    """configure as an older torchft took it."""
+
+
+@pytest.mark.parametrize("breaks, named", [
+    (lambda manager, patch: patch.delattr(manager, "_quorum_future"), "Manager._quorum_future"),
+    (lambda manager, patch: patch.setattr("torchft.process_group.ProcessGroupGloo.configure",
+                                          configure_without_global_ranks), "configure's parameters"),
+    (lambda manager, patch: patch.delattr("torchft.manager.MANAGER_ADDR_KEY"), "MANAGER_ADDR_KEY"),
+])
+def test_a_torchft_that_moved_what_the_mode_needs_is_refused_in_one_line(group_one_of_two, monkeypatch,
+                                                                         breaks, named):
+    """An upgrade that renames an internal the mode reaches into (an attribute, a constant, a method's
+    parameters) is refused at the group's start, naming the torchft the mode needs, before a quorum
+    would use it; its Manager is shut down."""
+    manager = group_one_of_two.manager
+    breaks(manager, monkeypatch)
+    monkeypatch.setattr(fault_tolerance.importlib.metadata, "version", lambda name: "0.3.0")
+    stopped = []
+    monkeypatch.setattr(manager, "shutdown", lambda wait=True: stopped.append(wait))
+    with pytest.raises(ConfigError) as refused:
+        fault_tolerance.check_torchft(manager)
+    line = str(refused.value)
+    assert line.startswith("fault_tolerance_config.enabled: needs torchft 0.2.0, and torchft 0.3.0 is "
+                           "installed, whose ") and "\n" not in line, line
+    assert named in line and line.endswith("changed: pip install torchft==0.2.0 (the ft extra pins it)"), line
+    assert stopped == [False]
+
+
+def test_a_torchft_that_only_moved_the_checkpoint_servers_handler_is_warned_of(group_one_of_two, monkeypatch,
+                                                                               capsys):
+    """The access lines' quiet is the one coupling the mode runs without: a warning, then training."""
+    manager = group_one_of_two.manager
+    monkeypatch.setattr(fault_tolerance, "_checkpoint_handler", lambda manager: object())
+    monkeypatch.setattr(fault_tolerance.importlib.metadata, "version", lambda name: "0.3.0")
+    fault_tolerance.check_torchft(manager)
+    assert capsys.readouterr().out == (
+        "warning: torchft 0.3.0 is not torchft 0.2.0: it lacks Manager._checkpoint_transport._server."
+        "RequestHandlerClass.log_message, so the run goes on without a healing group's transfers said in one "
+        "line, without http.server's access lines\n")
+
+
+def test_a_torchft_whose_manager_takes_other_arguments_is_refused_not_taken_for_a_lost_lighthouse(voice,
+                                                                                                  monkeypatch):
+    """The Manager's own arguments are torchft's public API, but a release may rename one: its TypeError
+    is refused naming the torchft the mode needs, not said as a lighthouse that cannot be reached."""
+    import socket
+
+    from mingpt.distributed.process_group import DistEnv
+
+    class OlderManager:  # takes no connect_timeout
+        def __init__(self, *, pg, load_state_dict, state_dict, min_replica_size, use_async_quorum, init_sync,
+                     replica_id, timeout, quorum_timeout, store_addr, store_port, rank, world_size,
+                     lighthouse_addr, hostname):
+            pass
+
+    monkeypatch.setattr(fault_tolerance, "watched_manager", lambda replicas: OlderManager)
+    monkeypatch.setattr(fault_tolerance.importlib.metadata, "version", lambda name: "0.3.0")
+    with socket.socket() as lighthouse:  # a port that answers, as the lighthouse's does
+        lighthouse.bind(("127.0.0.1", 0))
+        lighthouse.listen()
+        settings = FaultToleranceConfig(enabled=True, lighthouse=f"127.0.0.1:{lighthouse.getsockname()[1]}")
+        with pytest.raises(ConfigError) as refused:
+            Replicas.open(settings, DistEnv(0, 0, 1, 1, torch.device("cpu"), "gloo"))
+    line = str(refused.value)
+    assert line.startswith("fault_tolerance_config.enabled: needs torchft 0.2.0, and torchft 0.3.0 is installed, "
+                           "whose Manager's arguments (") and "connect_timeout" in line, line
+    assert line.endswith("changed: pip install torchft==0.2.0 (the ft extra pins it)") and "\n" not in line
+
+
+def test_the_torchft_named_in_the_refusal_is_the_one_the_ft_extra_pins():
+    """The refusal's pip command installs what pyproject.toml's ft extra pins, and the suite runs on it."""
+    from helpers import REPO
+
+    assert f'"torchft=={fault_tolerance.TORCHFT_VERSION}"' in (REPO / "pyproject.toml").read_text()
+    assert fault_tolerance.torchft_version() == fault_tolerance.TORCHFT_VERSION
+
+
+@pytest.mark.slow
+def test_a_lighthouse_killed_during_a_quorum_is_given_up_at_once_and_its_request_ended(voice, monkeypatch):
+    """The two couplings a lost lighthouse goes through, against the installed torchft and a real
+    lighthouse, killed: the quorum in flight is given up within seconds (the watched wait; torchft's
+    own lasts quorum_timeout_s, a minute here), and the request torchft's quorum thread still waits on
+    ends once the group leaves (its connections to the manager server, found through the Manager's
+    store, shut down), not a minute later."""
+    import concurrent.futures
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from helpers import kill_tree
+
+    from mingpt.distributed.process_group import DistEnv
+
+    address = closed_port()
+    port = int(address.rsplit(":", 1)[1])
+    lighthouse = subprocess.Popen([str(Path(sys.executable).with_name("torchft_lighthouse")), "--bind",
+                                   f"127.0.0.1:{port}", "--min_replicas", "1"], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, env={**os.environ, "RUST_LOG": "error"})
+    try:
+        monkeypatch.setattr(fault_tolerance, "handled_stop_signal", lambda: None)  # the line, not a signal
+        env = DistEnv(0, 0, 1, 1, torch.device("cpu"), "gloo")
+        replicas = Replicas.open(FaultToleranceConfig(enabled=True, lighthouse=address, timeout_s=30,
+                                                      quorum_timeout_s=60), env)
+        with replicas:  # the first quorum, with the lighthouse there
+            kill_tree(lighthouse)
+            started = time.monotonic()
+            with pytest.raises(MinGPTError, match=rf"^cannot reach the lighthouse at {address} \(step 1\)"):
+                replicas._quorum()
+            assert time.monotonic() - started < 15, "the quorum was not given up through the watched wait"
+            request = replicas.manager._quorum_future
+            assert not request.done()  # torchft's thread still waits on the lighthouse that died
+        ended = concurrent.futures.wait([request], timeout=15)
+        assert ended.done, "the quorum request in flight was not ended when the group left"
+    finally:
+        kill_tree(lighthouse)
