@@ -84,7 +84,7 @@ def time_to_target(overrides: list[str], target: float, max_steps: int, eval_eve
     command = [sys.executable, str(REPO / "mingpt" / "main.py"), "--config-name", "laptop",
                f"trainer_config.snapshot_path={snapshot}", f"trainer_config.max_steps={max_steps}",
                f"trainer_config.eval_every_steps={eval_every}", "trainer_config.progress_interval_s=3600",
-               *overrides]
+               "optimizer_config.cooldown=0", *overrides]  # as muon.json was measured, before Muon's cooldown
     start = time.monotonic()
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)

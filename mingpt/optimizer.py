@@ -36,10 +36,11 @@ class OptimizerConfig:
     """Optimizer steps of linear warmup from 0 (either schedule)."""
     min_lr_ratio: float = 0.1
     """Where the cosine schedule ends, as a share of learning_rate."""
-    cooldown: float = 0.0
+    cooldown: Optional[float] = None
     """The last share of the run's steps over which every learning rate (Muon's too) falls in a line
-    towards 0, on top of lr_schedule: with constant, a warmup-stable-decay schedule. 0: the
-    original's rate to the end (bench/results/muon_end_small.json measures both optimizers with 0.5)."""
+    towards 0, on top of lr_schedule: with constant, a warmup-stable-decay schedule. null: 0 for adamw
+    (the original's rate to the end), COOLDOWN_MUON (0.5) for muon, whose constant rate leaves it
+    above AdamW at the end of a run (docs/performance.md#muon-at-the-end-of-a-run-and-what-it-costs-per-method)."""
 
     def __post_init__(self) -> None:
         check_positive(self, "optimizer_config", "learning_rate", "muon_learning_rate")
@@ -50,14 +51,21 @@ class OptimizerConfig:
               f"must be in [0, 1), got {self.muon_momentum}")
         check(0 <= self.min_lr_ratio <= 1, "optimizer_config.min_lr_ratio",
               f"must be in [0, 1], got {self.min_lr_ratio}")
-        check(0 <= self.cooldown <= 1, "optimizer_config.cooldown",
-              f"must be in [0, 1] (a share of the run's steps), got {self.cooldown}")
+        check(self.cooldown is None or 0 <= self.cooldown <= 1, "optimizer_config.cooldown",
+              f"must be in [0, 1] (a share of the run's steps), or null (the optimizer's own), got {self.cooldown}")
+
+    @property
+    def cooldown_share(self) -> float:
+        """The cooldown in force: the key's, or this optimizer's default."""
+        if self.cooldown is not None:
+            return self.cooldown
+        return COOLDOWN_MUON if self.name == "muon" else 0.0
 
     def describe(self) -> str:
         """The start-up's line: "AdamW, learning rate 0.0003, constant, weight decay 0.1"."""
         schedule = self.lr_schedule + (f" after {self.warmup_steps:,} warmup steps" if self.warmup_steps else "")
-        if self.cooldown:
-            schedule += f", cooling down to 0 over the last {self.cooldown:.0%} of the steps"
+        if self.cooldown_share:
+            schedule += f", cooling down to 0 over the last {self.cooldown_share:.0%} of the steps"
         adamw = f"AdamW, learning rate {self.learning_rate:g}, {schedule}, weight decay {self.weight_decay:g}"
         if self.name == "muon":
             return (f"Muon for the blocks' matrices (learning rate {self.muon_learning_rate:g}, momentum "
@@ -68,7 +76,7 @@ class OptimizerConfig:
 def learning_rate_at(step: int, total_steps: int, config: OptimizerConfig) -> float:
     """The learning rate for optimizer step `step` (0-based): a pure function of the step, so a
     resumed run needs no scheduler state."""
-    return _scheduled(step, total_steps, config) * _cooling(step, total_steps, config.cooldown)
+    return _scheduled(step, total_steps, config) * _cooling(step, total_steps, config.cooldown_share)
 
 
 def _scheduled(step: int, total_steps: int, config: OptimizerConfig) -> float:
@@ -101,6 +109,10 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, step: int, total_steps: 
 
 
 OPTIMIZERS = ("adamw", "muon")
+COOLDOWN_MUON = 0.5
+"""Muon's cooldown when optimizer_config.cooldown is null: on nanoGPT's small character recipe (3,000
+steps) Muon ends at 1.586 with it against 1.735 at its constant rate, and below AdamW with the same
+cooldown (1.660; bench/results/muon_end_small.json)."""
 MUON_GROUP = "muon"
 """Marks Muon's parameter groups (a flag in the group, kept in snapshots' param_groups)."""
 

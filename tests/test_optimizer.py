@@ -103,6 +103,10 @@ def test_the_cooldown_brings_every_rate_down_in_a_line_over_the_last_share_of_th
     assert sorted(group["lr"] for group in optimizer.param_groups) == pytest.approx([5e-4, 5e-4, 0.01])
     with pytest.raises(ConfigError, match="optimizer_config.cooldown: must be in"):
         OptimizerConfig(cooldown=1.5)
+    # Unset, each optimizer's own: AdamW's constant rate to the end (the original's), Muon's cooldown.
+    assert learning_rate_at(99, 100, OptimizerConfig(learning_rate=1.0)) == 1.0
+    assert learning_rate_at(99, 100, OptimizerConfig(name="muon", learning_rate=1.0)) == pytest.approx(0.02)
+    assert learning_rate_at(99, 100, OptimizerConfig(name="muon", learning_rate=1.0, cooldown=0)) == 1.0
     assert OptimizerConfig(cooldown=0.5).describe() == (
         "AdamW, learning rate 0.0003, constant, cooling down to 0 over the last 50% of the steps, weight decay 0.1 "
         "(optimizer_config.name)")
@@ -118,6 +122,6 @@ def test_the_optimizer_is_named_as_the_run_starts():
                                             "(optimizer_config.name)")
     muon = OptimizerConfig(name="muon", warmup_steps=100, lr_schedule="cosine")
     assert muon.describe() == ("Muon for the blocks' matrices (learning rate 0.02, momentum 0.95), AdamW, learning "
-                               "rate 0.0003, cosine after 100 warmup steps, weight decay 0.1 for the rest "
-                               "(optimizer_config.name)")
+                               "rate 0.0003, cosine after 100 warmup steps, cooling down to 0 over the last 50% of "
+                               "the steps, weight decay 0.1 for the rest (optimizer_config.name)")
 
