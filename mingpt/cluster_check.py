@@ -83,13 +83,21 @@ def check_run(config: TrainConfig, cluster: CheckedCluster, ranks: list[int]) ->
 
 
 def check_ranks(config: TrainConfig, cluster: CheckedCluster, ranks: list[int]) -> list[RankCheck]:
-    """Start each of `ranks` of the run in turn, each in a process of its own forked from this one,
-    and measure it; raise the first refusal (a MinGPTError, naming the key) any of them meets."""
+    """Start each of `ranks` of the run in turn, each in a process of its own, and measure it; raise
+    the first refusal (a MinGPTError, naming the key) any of them meets. The ranks' processes fork
+    from one started afresh (spawned) for the check, not from this one: under torch's CUDA builds a
+    process that has run a backward pass forks children whose own backward pass fails (autograd's
+    threads; seen on 2.14.1), and this one may have (a test, a notebook)."""
     prepare_corpus(config.data_config)  # once, as each machine's local rank 0 would
-    preload()
     with tempfile.TemporaryDirectory(prefix="mingpt-check-") as folder:
         config = into_folder(config, Path(folder))
-        return [in_a_child(check_rank, config, cluster, rank) for rank in ranks]
+        return in_a_child(check_each, config, cluster, ranks, start="spawn")
+
+
+def check_each(config: TrainConfig, cluster: CheckedCluster, ranks: list[int]) -> list[RankCheck]:
+    """In the check's own process: each rank in a process forked from it, after one preload."""
+    preload()
+    return [in_a_child(check_rank, config, cluster, rank) for rank in ranks]
 
 
 def preload() -> None:
@@ -101,14 +109,16 @@ def preload() -> None:
     import torch.testing._internal.distributed.fake_pg  # noqa: F401
 
 
-def in_a_child(function, *args):
-    """function(*args) in a child process forked from this one, its result handed back: each rank
+def in_a_child(function, *args, start: str = "fork"):
+    """function(*args) in a child process forked from this one (or started afresh: start="spawn",
+    function and args then pickled), its result handed back: each rank
     checked starts from what this process had imported and prepared, and leaves nothing behind (its
     memory, its process group, and torch's caches keyed by device mesh, which compare meshes by shape
     alone and would hand one world's mesh to the next). A refusal comes back as the same line."""
-    context = multiprocessing.get_context("fork")
+    context = multiprocessing.get_context(start)
     receiving, sending = context.Pipe(duplex=False)
-    child = context.Process(target=_run_and_send, args=(sending, function, args), daemon=True)
+    # A spawned process forks the ranks' own, which a daemon may not.
+    child = context.Process(target=_run_and_send, args=(sending, function, args), daemon=start == "fork")
     child.start()
     sending.close()
     try:
