@@ -11,8 +11,8 @@ there yet (the first group, or a store slower than training).
 
 The cache is shared by the processes of a machine: a copy is named by its URL and version (ETag or
 modification time), fetched by the first process to ask (a lock per copy: the others wait and find it
-made) and written atomically. data_config.shard_cache_gb bounds it: before a fetch, the least
-recently used copies are deleted until the new one fits. A process keeps at most as many copies
+made) and written atomically, one fetch at a time. data_config.shard_cache_gb bounds it: before a
+fetch, the least recently used copies are deleted until the new one fits. A process keeps at most as many copies
 mapped as the cache holds, so that a deleted copy's disk space comes back.
 """
 import contextlib
@@ -58,8 +58,12 @@ class ShardCache:
         if not local.exists():
             with files.locked(local):
                 if not local.exists():  # another process may have made it while this one waited
-                    self._make_room(size, keep=local)
-                    self._fetch(url, local)
+                    # One fetch at a time on this machine: two making room at once (the fetch-ahead
+                    # thread and a read that could not wait, or two processes) would each count only
+                    # the copies already made, and together pass the bound (seen under load).
+                    with files.locked(self.folder / ".fetching"):
+                        self._make_room(size, keep=local)
+                        self._fetch(url, local)
         with contextlib.suppress(OSError):
             os.utime(local)  # recently used: evicted last
         return local
