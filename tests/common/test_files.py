@@ -1,5 +1,6 @@
 """files.py: one door to files. A store's failure is one line naming the file (StorageError); every
 transfer under way is seen, with how far it got, by the watchdog."""
+import re
 import subprocess
 import sys
 import threading
@@ -91,7 +92,8 @@ def test_a_single_process_whose_write_stops_moving_ends_in_one_line(tmp_path):
     assert result.returncode == 1 and time.monotonic() - started < 30
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: rank 0 (host "), result.stderr
-    assert f"its write of {path} has not moved for 1 s (0.1 MB written)" in lines[0]
+    # 1 s is the watch's bound; a loaded machine's watchdog may look a second or two later.
+    assert re.search(rf"its write of {re.escape(path)} has not moved for \d+ s \(0\.1 MB written\)", lines[0])
     assert lines[0].endswith("; the last snapshot (step 20) is kept as it was")
 
 

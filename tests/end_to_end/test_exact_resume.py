@@ -209,11 +209,12 @@ def test_a_second_ctrl_c_quits_at_once_and_keeps_the_last_snapshot(text_file, tm
     assert process.returncode == INTERRUPT_EXIT_STATUS, output
     assert time.monotonic() - started < 15  # not after the 30 s write (the bound leaves room for load)
     last_line = output.rstrip().splitlines()[-1]  # what is left, as it was when it quit
-    # The stop's step: the one under way when the first Ctrl-C came, or the next (a step's agreement
-    # is read a step late), whichever the timing gave; its save is the one cut short.
+    # The stop's step: after step 40 (the line was read, then the signal sent: a loaded machine's run has
+    # gone on a few steps by then), the one under way or the next (the agreement is read a step late);
+    # its save is the one cut short.
     stopped_at = re.fullmatch(rf"Interrupted: quit at once; the last snapshot \(step 40\) is kept as it was: "
                               rf"{re.escape(str(snapshot))}; the save of step (\d+) was not finished", last_line)
-    assert stopped_at and int(stopped_at[1]) in (41, 42), output
+    assert stopped_at and int(stopped_at[1]) > 40, output
     assert "Traceback" not in output and "Stopping on" not in output, output
     assert sha256(snapshot) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["snap.metrics.jsonl", "snap.pt"]  # no temporary
