@@ -426,3 +426,19 @@ class Writes:
 
     def flush(self) -> None:
         pass
+
+
+def small_snapshot(epoch: int = 1, n_layer: int = 2, step: int = 10):
+    """A snapshot of one 3-value weight and its optimizer's groups, for the snapshot stores' tests."""
+    from mingpt.storage.snapshot import Snapshot
+
+    return Snapshot(
+        finished_epoch=epoch,
+        step=step,
+        model_state={"w": torch.full((3,), float(epoch))},
+        optimizer_state={"state": {}, "param_groups": [{"lr": 0.1, "betas": (0.9, 0.95), "params": ["w"]}]},
+        rng_states=[{"cpu": torch.get_rng_state(), "cuda": None}],
+        vocab=list("abc"),
+        model_config={"n_layer": n_layer, "n_head": 2, "n_embd": 8, "vocab_size": 3, "block_size": 4,
+                      "activation": "gelu", "vocab_multiple": 64},
+    )

@@ -9,22 +9,10 @@ from dataclasses import asdict
 import pytest
 import torch
 from helpers import RunsCode, sha256
+from helpers import small_snapshot as snapshot
 
 from mingpt.common.errors import SnapshotError
-from mingpt.storage.snapshot import Snapshot, newest_snapshot, read_snapshot, write_snapshot
-
-
-def snapshot(epoch: int = 1, n_layer: int = 2, step: int = 10) -> Snapshot:
-    return Snapshot(
-        finished_epoch=epoch,
-        step=step,
-        model_state={"w": torch.full((3,), float(epoch))},
-        optimizer_state={"state": {}, "param_groups": [{"lr": 0.1, "betas": (0.9, 0.95), "params": ["w"]}]},
-        rng_states=[{"cpu": torch.get_rng_state(), "cuda": None}],
-        vocab=list("abc"),
-        model_config={"n_layer": n_layer, "n_head": 2, "n_embd": 8, "vocab_size": 3, "block_size": 4,
-                      "activation": "gelu", "vocab_multiple": 64},
-    )
+from mingpt.storage.snapshot import newest_snapshot, read_snapshot, write_snapshot
 
 
 def test_round_trip(tmp_path):
