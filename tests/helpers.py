@@ -442,3 +442,13 @@ def small_snapshot(epoch: int = 1, n_layer: int = 2, step: int = 10):
         model_config={"n_layer": n_layer, "n_head": 2, "n_embd": 8, "vocab_size": 3, "block_size": 4,
                       "activation": "gelu", "vocab_multiple": 64},
     )
+
+
+def tiny_gpt(**overrides):
+    """A 2-block GPT of width 32 over 11 tokens, block 16, its weights from seed 0 (settings overridden)."""
+    from mingpt.model import GPT, GPTConfig
+
+    settings = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=11, block_size=16)
+    settings.update(overrides)
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**settings))

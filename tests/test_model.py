@@ -4,16 +4,10 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from helpers import tiny_gpt
 
 from mingpt.common.errors import ConfigError
 from mingpt.model import GPT, PRESETS, GPTConfig, parameter_seed
-
-
-def tiny_gpt(**overrides) -> GPT:
-    settings = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=11, block_size=16)
-    settings.update(overrides)
-    torch.manual_seed(0)
-    return GPT(GPTConfig(**settings))
 
 
 def test_attention_is_causal():

@@ -3,9 +3,9 @@ AdamW for the rest, the learning-rate schedule, and the pieces distributed/muon.
 import pytest
 import torch
 import torch.nn as nn
+from helpers import tiny_gpt
 
 from mingpt.common.errors import ConfigError
-from mingpt.model import GPT, GPTConfig
 from mingpt.optimizer import (
     MUON_GROUP,
     OptimizerConfig,
@@ -14,13 +14,6 @@ from mingpt.optimizer import (
     parameter_groups,
     set_learning_rate,
 )
-
-
-def tiny_gpt(**overrides) -> GPT:
-    settings = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=11, block_size=16)
-    settings.update(overrides)
-    torch.manual_seed(0)
-    return GPT(GPTConfig(**settings))
 
 
 def test_weight_decay_applies_to_linear_weights_only():
