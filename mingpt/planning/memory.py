@@ -67,7 +67,7 @@ class Placement:
     """async_snapshots' host copy: None (off), "single" (rank 0's whole state) or "sharded"."""
     optimizer: str = "adamw"
     """adamw (two moments per parameter) or muon (one momentum per hidden matrix's, AdamW's two for
-    the rest; DDP only)."""
+    the rest)."""
 
     @property
     def shards(self) -> int:
@@ -127,19 +127,31 @@ class ModelSizes:
         """Parameter tensors of the whole model."""
         return self.n_layer * len(self.block_shapes) + len(self.root_shapes)
 
-    def shard_bytes(self, shards: int, index: Optional[int] = None, block: bool = False) -> int:
-        """fp32 bytes of the shards one rank holds of every parameter (block: of one block's), as
-        FSDP2 cuts them: dim 0 in chunks of ceil(rows / shards). index None: the chunk FSDP2
-        allocates on every rank (padded to the full chunk); else the rows shard `index` holds, unpadded
-        (the last shards are shorter, or empty, when the rows do not divide)."""
+    @property
+    def hidden_tensors(self) -> int:
+        """The blocks' weight matrices (what Muon trains): a block's parameters with rows and columns
+        (its biases and LayerNorms are vectors)."""
+        return self.n_layer * sum(width > 1 for _, width in self.block_shapes)
+
+    def shard_bytes(self, shards: int, index: Optional[int] = None, block: bool = False,
+                    hidden: Optional[bool] = None) -> int:
+        """fp32 bytes of the shards one rank holds of every parameter (block: of one block's; hidden
+        True or False: of the blocks' weight matrices only, or of all the others), as FSDP2 cuts them:
+        dim 0 in chunks of ceil(rows / shards). index None: the chunk FSDP2 allocates on every rank
+        (padded to the full chunk); else the rows shard `index` holds, unpadded (the last shards are
+        shorter, or empty, when the rows do not divide)."""
         def rows_of(rows: int) -> int:
             chunk = -(-rows // shards)
             return chunk if index is None else max(0, min(chunk, rows - chunk * index))
 
-        parts = [(self.block_shapes, 1)]
+        def counted(width: int, in_block: bool) -> bool:
+            return hidden is None or hidden == (in_block and width > 1)
+
+        parts = [(self.block_shapes, 1, True)]
         if not block:
-            parts = [(self.block_shapes, self.n_layer), (self.root_shapes, 1)]
-        return FP32 * sum(times * rows_of(rows) * width for shapes, times in parts for rows, width in shapes)
+            parts = [(self.block_shapes, self.n_layer, True), (self.root_shapes, 1, False)]
+        return FP32 * sum(times * rows_of(rows) * width for shapes, times, in_block in parts
+                          for rows, width in shapes if counted(width, in_block))
 
 
 def shapes_of(parameters) -> Shapes:
@@ -161,8 +173,22 @@ def optimizer_state(sizes: ModelSizes, placement: Placement) -> int:
     step count per parameter tensor, or Muon's one momentum per hidden matrix's parameter and AdamW's
     two for the rest."""
     if placement.optimizer == "muon":
-        return FP32 * (ADAMW_MOMENTS * (sizes.total - sizes.hidden) + sizes.hidden)
+        return FP32 * (ADAMW_MOMENTS * (sizes.total - sizes.hidden) + sizes.hidden
+                       + sizes.tensors - sizes.hidden_tensors)
     return FP32 * (ADAMW_MOMENTS * sizes.total + sizes.tensors)
+
+
+def sharded_optimizer_state(sizes: ModelSizes, placement: Placement, index: Optional[int] = None) -> int:
+    """Bytes of one rank's optimizer state under fsdp or hsdp (index: as shard_bytes'): AdamW's two
+    moments of its rows of every parameter and a step count per tensor, or Muon's one momentum of its
+    rows of each hidden matrix (distributed/muon.py keeps it sharded as its matrix) and AdamW's state
+    for the rest."""
+    shards = placement.shards
+    if placement.optimizer == "muon":
+        adamw_steps = FP32 * (sizes.tensors - sizes.hidden_tensors)
+        return (ADAMW_MOMENTS * sizes.shard_bytes(shards, index, hidden=False)
+                + sizes.shard_bytes(shards, index, hidden=True) + adamw_steps)
+    return ADAMW_MOMENTS * sizes.shard_bytes(shards, index) + FP32 * sizes.tensors
 
 
 @dataclass(frozen=True)
@@ -184,8 +210,7 @@ def rank_state(config: GPTConfig, placement: Placement, rank: int = 0) -> RankSt
         return RankState(whole, whole, optimizer_state(sizes, placement))
     index = rank % placement.ranks_per_node if placement.method == "hsdp" else rank
     own = sizes.shard_bytes(placement.shards)
-    moments = ADAMW_MOMENTS * sizes.shard_bytes(placement.shards, index)
-    return RankState(own, own, moments + FP32 * sizes.tensors)
+    return RankState(own, own, sharded_optimizer_state(sizes, placement, index))
 
 
 def estimate_memory(config: GPTConfig, batch_size: int, checkpointing: str,
@@ -218,7 +243,7 @@ def _sharded_moment(point: Point, block_gradients: int, sizes: ModelSizes, batch
                     placement: Placement) -> MemoryEstimate:
     moment, shards = point.moment, placement.shards
     own = sizes.shard_bytes(shards)  # rank 0's fp32 shard of all parameters (FSDP2's padded chunks)
-    moments = ADAMW_MOMENTS * own + FP32 * sizes.tensors  # rank 0 holds whole chunks: no padding to drop
+    moments = sharded_optimizer_state(sizes, placement)  # rank 0 holds whole chunks: no padding to drop
     compute = _element_size(placement.compute_dtype)
     made = moment.other_gradients + moment.block_gradients
     done = sizes.n_layer if placement.device_type == "cpu" else point.blocks_done  # CPU: kept in the pool

@@ -44,11 +44,13 @@ def test_methods_divide_the_state_and_add_their_buffers():
 
 
 def test_muon_keeps_one_momentum_per_hidden_matrix_parameter():
-    """Muon's state is its momentum buffer: a hidden matrix costs 4 bytes a parameter, the rest AdamW's 8."""
+    """Muon's state is its momentum buffer: a hidden matrix costs 4 bytes a parameter, the rest AdamW's 8
+    and a step count a tensor (a block's 4 matrices are Muon's, its 8 vectors AdamW's)."""
     sizes = model_sizes(SMALL)
     assert sizes.hidden == SMALL.n_layer * 12 * SMALL.n_embd ** 2  # qkv 3C^2, proj C^2, fc and proj 4C^2 each
+    assert sizes.hidden_tensors == SMALL.n_layer * 4
     muon = estimate_memory(SMALL, 8, "none", Placement("ddp", optimizer="muon"))
-    assert muon.optimizer == 8 * (sizes.total - sizes.hidden) + 4 * sizes.hidden
+    assert muon.optimizer == 8 * (sizes.total - sizes.hidden) + 4 * sizes.hidden + 4 * (sizes.tensors - 4 * 4)
 
 
 def gpt2_large_plan(method: str) -> MemoryPlan:
