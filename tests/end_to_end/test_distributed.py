@@ -138,4 +138,5 @@ def test_muon_trains_under_ddp(text_file, tmp_path):
     result = run_main(tiny_overrides(text_file, tmp_path / "snap.pt", optimizer_config__name="muon"), nproc=2)
     check_two_rank_run(result, tmp_path / "snap.pt")
     assert ("Optimizer: Muon for the blocks' matrices (learning rate 0.02, momentum 0.95), AdamW, learning rate "
-            "0.003, constant, weight decay 0.1 for the rest (optimizer_config.name)") in result.stdout
+            "0.003, constant, cooling down to 0 over the last 50% of the steps, weight decay 0.1 for the rest "
+            "(optimizer_config.name)") in result.stdout
