@@ -102,7 +102,7 @@ def run_summary(trainer: Trainer, data: str) -> list[str]:
     tokens_per_step = tc.step_samples(trainer.data_env.world_size) * trainer.block_size
     budget = f"{tc.max_steps:,} steps in all" if tc.max_steps else f"{tc.max_epochs} epochs"
     offload = " with CPU offload" if tc.cpu_offload else ""
-    method, within = tc.distributed_method, trainer.parallelism.method
+    method, within = tc.distributed_method, trainer.placed.parallelism.method
     if within != method:
         method += f" ({within} within each replica group)"
     return [
@@ -110,7 +110,7 @@ def run_summary(trainer: Trainer, data: str) -> list[str]:
         f"Optimizer: {trainer.optimizer_config.describe()}",
         f"World: {env.describe()}; {method}{offload}; {trainer.precision}; "
         f"{parallel.local_parameter_bytes(trainer.model) / 1e6:.1f} MB of parameters per rank",
-        f"Memory: {trainer.memory.describe()}",
+        f"Memory: {trainer.placed.memory.describe()}",
         f"Batch: {tc.batch_size} per process x {tc.grad_accum_steps} accumulation, "
         f"{tokens_per_step:,} tokens per step, {trainer.steps_per_epoch:,} steps per epoch, "
         f"{budget}, {trainer.train_loader.num_workers} data worker(s) per process",

@@ -4,14 +4,13 @@ The original's trainer.py, its landmarks where they were: TrainerConfig, Snapsho
 _prepare_dataloader, _load_snapshot, _run_batch, _run_epoch, _save_snapshot and train; its
 upload_to_s3 is storage/snapshot.py's write_snapshot, for any fsspec URL.
 
-The model arrives unwrapped on the meta device (main.py); the Trainer checks that its step fits
-(planning/memory.py), places and wraps it for the configured method (each rank only its shards
-under FSDP), then builds the optimizer. It keeps the loop, evaluation and the phases of a step;
+The model arrives unwrapped on the meta device (main.py); the Trainer has it checked against its
+step's memory plan and placed for the configured method, with its optimizer (planning/placement.py;
+each rank holds only its shards under FSDP), where the original wrapped it in DDP. It keeps the loop, evaluation and the phases of a step;
 snapshots are the Checkpointer's (storage/checkpointer.py), and decisions every rank takes at one
 step (a stop signal, a snapshot timer) come from control.py. A resumed run continues with the next
 unseen sample of the epoch's global order, exactly as the unbroken run at the same world size.
 """
-import contextlib
 import signal
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
@@ -21,18 +20,17 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset
 
 from mingpt.char_dataset import batch_on, in_windows
-from mingpt.common.errors import TrainingDiverged, check, check_choice, check_not_negative, check_positive
+from mingpt.common.errors import TrainingDiverged, check, check_not_negative, check_positive
 from mingpt.distributed import control, parallel
-from mingpt.distributed.activation_checkpointing import checkpoint_blocks
 from mingpt.distributed.divergence import SpikeRule
 from mingpt.distributed.fault_tolerance import FaultToleranceConfig, Replicas, plain
 from mingpt.distributed.guard import RunGuard, WatchKeys
-from mingpt.distributed.muon import optimizer_for
 from mingpt.distributed.parallel import ParallelKeys
 from mingpt.distributed.precision import resolve_precision
 from mingpt.distributed.process_group import DistEnv, all_reduce_sum
 from mingpt.optimizer import OptimizerConfig, learning_rate_at, set_learning_rate
-from mingpt.planning.memory import Placement, check_memory, plan_memory
+from mingpt.planning.memory import Placement
+from mingpt.planning.placement import place
 from mingpt.reporting import hellaswag_eval
 from mingpt.reporting.hellaswag_eval import HellaSwagKeys
 from mingpt.reporting.metrics import default_metrics_path, replica_group_metrics_path
@@ -75,24 +73,16 @@ class TrainerConfig(ParallelKeys, SnapshotKeys, WatchKeys, ReportKeys, HellaSwag
     """Write a snapshot after every this many epochs."""
     use_amp: bool = True
     """Mixed precision: see amp_dtype, and precision.py for what each device does."""
-    distributed_method: str = "ddp"
-    """ddp (a whole model per rank), fsdp (sharded over all ranks) or hsdp (sharded within each
-    node, replicated across nodes; needs 2 or more nodes with as many ranks each)."""
-    cpu_offload: bool = False
-    """fsdp or hsdp only: keep parameters (and optimizer state) in CPU memory."""
     seed: int = 1337
     """Seeds the initial weights (each parameter from the seed and its name, so they do not depend on
     the method or the world size), the train/test split, shuffling, and dropout (per rank and epoch)."""
     eval_every_steps: int = 0
     """Evaluate every this many optimizer steps instead of at the end of each epoch (0: at epochs)."""
     eval_batches: int = 100
-    """Evaluate on at most this many batches per rank, the same ones at every evaluation. A test
-    split (or val_path) that fits is evaluated whole, in order; a larger one is bounded, as nanoGPT's
-    eval_iters and llm.c's val_max_steps bound theirs: to windows that do not overlap, spread evenly
-    over it, where it is a stretch of text (val_path, split=contiguous), else to a fixed seeded subset
-    (the random split). 100: the default run's 26 test batches are all evaluated, while an evaluation
-    of FineWeb's 100M-token val_path costs about what 33 training steps do (a forward pass is a third
-    of a step), not hours. 0: all of it, however large."""
+    """Evaluate on at most this many batches per rank, the same ones at every evaluation (0: the whole
+    test split, however large). A split that fits is evaluated whole; a larger one is bounded as nanoGPT's
+    eval_iters bounds its own (tokens/data_loader.py's rank_loader says how). 100: the default run's 26 test
+    batches whole, and FineWeb's 100M-token val_path in the time of about 33 training steps, not hours."""
 
     def __post_init__(self) -> None:
         super().__post_init__()  # each group's own keys
@@ -101,24 +91,14 @@ class TrainerConfig(ParallelKeys, SnapshotKeys, WatchKeys, ReportKeys, HellaSwag
         check_not_negative(self, "trainer_config", "max_steps", "eval_every_steps", "eval_batches")
         if self.data_loader_workers is not None:
             check_not_negative(self, "trainer_config", "data_loader_workers")
-        check_choice(self, "trainer_config", "distributed_method", parallel.METHODS)
         check(bool(self.snapshot_path), "trainer_config.snapshot_path", "must not be empty")
         check(self.snapshot_format == "single" or not self.snapshot_path.endswith(".pt"),
               "trainer_config.snapshot_path", "sharded snapshots need a folder, not a .pt file")
-        parallel.check_sharding_options(self.distributed_method, self.cpu_offload, self.reshard_after_forward)
 
     def step_samples(self, world_size: int = 1) -> int:
         """The samples of one optimizer step over world_size ranks (one: a rank's; the run's world: the
         global batch), the one place it is counted."""
         return self.batch_size * self.grad_accum_steps * world_size
-
-    def check_step_fits(self, train_samples: int, world_size: int) -> None:
-        """A step must fit in the training split: a larger one would make every step the whole
-        split, shorter than the step that the Batch line, tokens/s and the LR horizon count."""
-        check(self.step_samples(world_size) <= train_samples, "trainer_config.batch_size",
-              f"a step of {self.step_samples(world_size):,} samples ({self.batch_size} x {self.grad_accum_steps} "
-              f"accumulation x {world_size} process(es)) is more than the {train_samples:,} training "
-              f"samples; use at most {train_samples // (self.grad_accum_steps * world_size)}, or more data")
 
     def placement(self, world_size: int, ranks_per_node: int, device_type: str,
                   compute_dtype: Optional[torch.dtype], optimizer: str = "adamw") -> Placement:
@@ -161,12 +141,17 @@ class Trainer:
         """Under fault tolerance, this replica group's part in the run (distributed/fault_tolerance.py)."""
         self.data_env = self.replicas.data_env
         """This rank's place in the global sample order (its group's slot under fault tolerance)."""
-        config.check_step_fits(len(train_dataset), self.data_env.world_size)
+        self.train_loader = self._prepare_dataloader(train_dataset, train=True)  # refuses a step larger than it
+        self.test_loader = self._prepare_dataloader(test_dataset, train=False) if test_dataset else None
         self.hellaswag = hellaswag_eval.for_run(config.hellaswag_path, vocab, self.block_size,
                                                 config.hellaswag_items)
-        self._place(model)
-        self.train_loader = self._prepare_dataloader(train_dataset, train=True)
-        self.test_loader = self._prepare_dataloader(test_dataset, train=False) if test_dataset else None
+        self.precision = resolve_precision(config.use_amp, config.amp_dtype, env.device)
+        placement = config.placement(env.world_size, env.local_world_size, env.device.type,
+                                     self.precision.amp_dtype, optimizer_config.name)
+        self.placed = place(model, placement, self.precision, config, config.batch_size, optimizer_config, env,
+                            self.replicas)
+        """This rank's model, optimizer and grad scaler, checked to fit (planning/placement.py)."""
+        self.model, self.optimizer, self.scaler = self.placed.model, self.placed.optimizer, self.placed.scaler
         self.checkpointer = Checkpointer(config.snapshot_policy(fault_tolerance), env, vocab, sample_order, lease)
         self.guard = RunGuard(env, config.hang_timeout_s, self.checkpointer.folder, self.checkpointer.kept,
                               compiled=config.compile, scaled=self.scaler.is_enabled(),
@@ -201,29 +186,6 @@ class Trainer:
         """The original's _load_snapshot: the newest snapshot, if any, into the model, optimizer and
         scaler (storage/checkpointer.py); where training stands."""
         return self.checkpointer.resume(self.model, plain(self.optimizer), self.scaler)
-
-    def _place(self, model: nn.Module) -> None:
-        """Check that the training state fits, then wrap the meta-device model for the configured
-        method (filling in what this rank holds) and build the optimizer and the grad scaler."""
-        config, env = self.config, self.env
-        self.precision = resolve_precision(config.use_amp, config.amp_dtype, env.device)
-        self.precision.configure_matmuls()
-        checkpoint_blocks(model, config.activation_checkpointing)  # before wrapping: FSDP's hooks go outside
-        placement = config.placement(env.world_size, env.local_world_size, env.device.type,
-                                     self.precision.amp_dtype, self.optimizer_config.name)
-        self.memory = plan_memory(model.config, placement, config.batch_size, config.activation_checkpointing,
-                                  env)  # the step, traced
-        check_memory(self.memory, env)  # before anything is allocated
-        self.parallelism = parallel.Parallelism(self.replicas.method_within_group(config.distributed_method),
-                                                config.cpu_offload, config.reshard_after_forward,
-                                                cpu_collectives=env.backend == "gloo")
-        """How this rank's model is wrapped (under fault tolerance, how its replica group holds it)."""
-        self.model = parallel.parallelize(model, self.parallelism, self.precision, env, compile=config.compile,
-                                          comm_hook=self.replicas.comm_hook)
-        self.optimizer = self.replicas.committing(optimizer_for(self.model, self.optimizer_config))
-        self.scaler = parallel.grad_scaler(self.model, self.precision, env)
-        fsdp_casts = parallel.computes_in_precision(self.model)  # then autocast would only add casts
-        self.autocast = contextlib.nullcontext if fsdp_casts else self.precision.autocast
 
     def track(self, config: TrackerConfig, run_config: dict[str, Any], summary: list[str]) -> None:
         """Send the metrics to run trackers too, continuing the tracked runs of a resumed snapshot
@@ -405,7 +367,7 @@ class Trainer:
         """The forward pass: the mean loss over a micro-batch, in the run's precision."""
         if self.model.training:
             self.guard.at("forward", self.progress.step + 1)
-        with self.autocast():
+        with self.placed.autocast():
             _, loss = self.model(inputs, targets)
         return loss
 
@@ -461,7 +423,7 @@ class Trainer:
             self.guard.at("evaluation", step, batch)
             self._stop_if_asked("HellaSwag scoring")
 
-        with self.autocast():
+        with self.placed.autocast():
             score = self.hellaswag.score(lambda ids: self.model(ids)[0], env.device, env.rank,
                                          env.world_size, at)
         self.report.hellaswag(epoch, self.progress, score, self.env.world_size)

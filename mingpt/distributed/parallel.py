@@ -70,9 +70,14 @@ def check_sharding_options(method: str, cpu_offload: bool, reshard_after_forward
 
 @dataclass
 class ParallelKeys:
-    """TrainerConfig's keys of how the model is placed and computed, beyond the original's
-    distributed_method, cpu_offload and use_amp (trainer.py)."""
+    """TrainerConfig's keys of how the model is placed and computed, beyond the original's use_amp
+    (trainer.py)."""
 
+    distributed_method: str = "ddp"
+    """ddp (a whole model per rank), fsdp (sharded over all ranks) or hsdp (sharded within each
+    node, replicated across nodes; needs 2 or more nodes with as many ranks each)."""
+    cpu_offload: bool = False
+    """fsdp or hsdp only: keep parameters (and optimizer state) in CPU memory."""
     amp_dtype: str = "float16"
     """On CUDA: float16 (with a GradScaler, the original's) or bfloat16. CPUs use bfloat16."""
     reshard_after_forward: bool = True
@@ -87,6 +92,8 @@ class ParallelKeys:
     (docs/performance.md, torch.compile on a CPU)."""
 
     def __post_init__(self) -> None:
+        check_choice(self, "trainer_config", "distributed_method", METHODS)
+        check_sharding_options(self.distributed_method, self.cpu_offload, self.reshard_after_forward)
         check_choice(self, "trainer_config", "amp_dtype", AMP_DTYPES)
         check_choice(self, "trainer_config", "activation_checkpointing", CHECKPOINTING_MODES)
         chained = getattr(super(), "__post_init__", None)  # the other groups' checks (TrainerConfig's bases)

@@ -22,6 +22,7 @@ from typing import Iterator, Optional
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from mingpt.common.errors import check
 from mingpt.distributed.control import leave_stops_to_training
 from mingpt.distributed.process_group import DistEnv
 from mingpt.tokens.permutation import BlockOrder, Blocks, Permutation
@@ -143,6 +144,7 @@ def rank_loader(dataset: Dataset, batch_size: int, grad_accum_steps: Optional[in
                                signals_for_training=signals_for_training, blocks=blocks)
 
     if grad_accum_steps is not None:
+        check_step_fits(len(dataset), batch_size, grad_accum_steps, env.world_size)
         blocks = dataset.blocks() if hasattr(dataset, "blocks") else None
         return loader(dataset, batch_size * grad_accum_steps, shuffle=True, blocks=blocks)
     bound = eval_batches * batch_size * env.world_size
@@ -152,6 +154,16 @@ def rank_loader(dataset: Dataset, batch_size: int, grad_accum_steps: Optional[in
     if spread is not None:
         return loader(spread, batch_size, shuffle=False)
     return loader(dataset, batch_size, shuffle=True, limit=bound)
+
+
+def check_step_fits(train_samples: int, batch_size: int, grad_accum_steps: int, world_size: int) -> None:
+    """A step must fit in the training split: a larger one would make every step the whole split,
+    shorter than the step that the Batch line, tokens/s and the LR horizon count."""
+    step = batch_size * grad_accum_steps * world_size
+    check(step <= train_samples, "trainer_config.batch_size",
+          f"a step of {step:,} samples ({batch_size} x {grad_accum_steps} accumulation x {world_size} "
+          f"process(es)) is more than the {train_samples:,} training samples; use at most "
+          f"{train_samples // (grad_accum_steps * world_size)}, or more data")
 
 
 def batches_per_rank(num_samples: int, batch_size: int, world_size: int) -> int:

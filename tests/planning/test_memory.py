@@ -103,7 +103,7 @@ def test_start_up_refuses_a_run_whose_activations_do_not_fit_before_allocating(
     def placed(*args, **kwargs):
         raise AssertionError("the model was placed on the device")
 
-    monkeypatch.setattr("mingpt.trainer.parallel.parallelize", placed)
+    monkeypatch.setattr("mingpt.planning.placement.parallel.parallelize", placed)
     overrides = tiny_overrides(text_file, tmp_path / "snap.pt", trainer_config__batch_size=4096,
                                gpt_config__n_embd=64, gpt_config__n_head=4)
     result = run_main_in_process(overrides, capsys)
