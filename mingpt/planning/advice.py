@@ -26,6 +26,7 @@ from mingpt.planning.step_time import (
     StepTime,
     StepWork,
     accumulation_for,
+    muon_step,
     recompute_flops_per_token,
     step_time,
 )
@@ -73,7 +74,8 @@ class Setting:
         recompute = recompute_flops_per_token(flops, head) if checkpointing == "full" else 0
         dtype = self.configured.compute_dtype
         return StepWork(model_sizes(self.model), flops, recompute, self.batch_size * self.model.block_size,
-                        dtype.itemsize if dtype else 4, grad_accum_steps or self.grad_accum_steps)
+                        dtype.itemsize if dtype else 4, grad_accum_steps or self.grad_accum_steps,
+                        self.configured.optimizer)
 
     def tokens_per_step(self, grad_accum_steps: int = 0) -> int:
         steps = grad_accum_steps or self.grad_accum_steps
@@ -117,10 +119,12 @@ def table(rows: list[Row], setting: Setting) -> str:
         return " <- configured" if (row.method, row.checkpointing, row.cpu_offload) == (
             setting.configured.method, setting.configured_checkpointing, False) else ""
 
-    memory = (f"{'method':<6} {'ckpt':<4} {'offload':<7} | {'params':>7} {'grads':>7} {'AdamW':>7} "
-              f"{'activ':>7} {'buffers':>7} | {'peak':>7} {'fits':<4}")
+    muon = setting.configured.optimizer == "muon"  # a column for its Newton-Schulz
+    memory = (f"{'method':<6} {'ckpt':<4} {'offload':<7} | {'params':>7} {'grads':>7} "
+              f"{'Muon' if muon else 'AdamW':>7} {'activ':>7} {'buffers':>7} | {'peak':>7} {'fits':<4}")
+    ns_header = f"{'NS s':>7} " if muon else ""
     timing = (f"{'method':<6} {'ckpt':<4} {'offload':<7} | {'intra':>7} {'inter':>7} {'comm s':>7} | "
-              f"{'compute':>7} {'exposed':>7} {'step s':>7} | {'tokens/s':>10} {'eff':>5}")
+              f"{'compute':>7} {'exposed':>7} {ns_header}{'step s':>7} | {'tokens/s':>10} {'eff':>5}")
     lines = [memory, "-" * len(memory)]
     for row in rows:
         m = row.memory
@@ -130,8 +134,10 @@ def table(rows: list[Row], setting: Setting) -> str:
     lines += ["", timing, "-" * len(timing)]
     for row in rows:
         t = row.timing
+        newton_schulz = f"{t.newton_schulz:>7.3f} " if muon else ""
         lines.append(f"{key(row)} | {_gb(t.traffic.intra_bytes)} {_gb(t.traffic.inter_bytes)} "
-                     f"{t.traffic.seconds:>7.3f} | {t.compute:>7.3f} {t.exposed:>7.3f} {t.seconds:>7.3f} | "
+                     f"{t.traffic.seconds:>7.3f} | {t.compute:>7.3f} {t.exposed:>7.3f} {newton_schulz}"
+                     f"{t.seconds:>7.3f} | "
                      f"{row.tokens_per_s:>10,.0f} {100 * t.efficiency:>4.0f}%{configured(row)}")
     return "\n".join(line.rstrip() for line in lines)
 
@@ -269,9 +275,15 @@ def _checkpointing_reason(best: Row, other: Row, other_choice: Optional[Choice])
 def _communication_reason(best: Row, setting: Setting) -> str:
     traffic, timing = best.timing.traffic, best.timing
     across = f" and {gb(traffic.inter_bytes)} across nodes" if setting.cluster.nodes > 1 else ""
+    muon = ""
+    if setting.configured.optimizer == "muon":
+        exchange = muon_step(best.method, model_sizes(setting.model), setting.cluster).exchange
+        muon = (f" Muon adds {timing.newton_schulz * 1e3:,.1f} ms of Newton-Schulz on the busiest device"
+                + (f" and {exchange.seconds * 1e3:,.1f} ms of exchange, all exposed: both run in the "
+                   f"optimizer's step" if exchange.seconds else "") + ".")
     return (f"each step moves {gb(traffic.intra_bytes)} per device within its node{across} "
             f"({traffic.seconds * 1e3:,.0f} ms), of which {timing.exposed * 1e3:,.0f} ms is not hidden "
-            f"behind {timing.compute * 1e3:,.0f} ms of compute.")
+            f"behind {timing.compute * 1e3:,.0f} ms of compute.{muon}")
 
 
 def _accumulation_reason(best: Choice, setting: Setting) -> str:

@@ -28,9 +28,21 @@ Compute: 6 FLOPs per matmul weight per token plus causal attention (GPT.flops_pe
 second forward pass of every block with activation checkpointing, at a stated share (utilisation)
 of the device's peak. CPU offload adds copying the shards between host and device over PCIe and
 AdamW's step in host memory.
+Muon (distributed/muon.py) adds to each optimizer step, whatever the accumulation: Newton-Schulz,
+NS_STEPS iterations of 2 x ns_cost FLOPs per hidden matrix, at the same rate as the passes: every
+matrix on every rank under ddp (torch.optim.Muon), the busiest rank's share of them as owners()
+deals them out over the ranks that shard (all under fsdp, a node's under hsdp); and under fsdp and
+hsdp its exchange, two all_to_alls over those S ranks: hidden_traffic bytes a rank in all, in S - 1
+messages a rank each. Both run inside the optimizer's step, after the backward pass: nothing
+overlaps them. Not counted: CPU offload's copies of the rows to the device and back, and AdamW's
+own step (small beside the passes on a GPU; offload's host-side AdamW is counted above).
 """
+import inspect
 from dataclasses import dataclass, replace
 
+import torch
+
+from mingpt.distributed.muon import hidden_traffic, ns_cost, owners
 from mingpt.planning.memory import FP32, ModelSizes
 
 DDP_BUCKET_BYTES = 25 * 2**20
@@ -39,6 +51,9 @@ PCIE_BYTES_PER_S = 25e9
 """Host-device copies of CPU offload (PCIe 4.0 x16, each way, in practice)."""
 HOST_ADAMW_BYTES_PER_S = 20e9
 """AdamW in host memory reads and writes 16 bytes per parameter and its state, at about this rate."""
+NS_STEPS = inspect.signature(torch.optim.Muon).parameters["ns_steps"].default
+"""Newton-Schulz iterations per step: torch.optim.Muon's default, which optimizer.create_optimizer
+keeps (ShardedMuon too: the same arguments)."""
 
 
 @dataclass(frozen=True)
@@ -111,10 +126,12 @@ class StepTime:
     """Seconds of communication left after overlap with computation."""
     offload: float = 0.0
     """Seconds of CPU offload's copies and host-side AdamW."""
+    newton_schulz: float = 0.0
+    """Seconds of Muon's Newton-Schulz on the busiest rank (its exchange is in traffic and exposed)."""
 
     @property
     def seconds(self) -> float:
-        return self.compute + self.exposed + self.offload
+        return self.compute + self.exposed + self.offload + self.newton_schulz
 
     @property
     def efficiency(self) -> float:
@@ -136,6 +153,8 @@ class StepWork:
     compute_bytes: int
     """Bytes per parameter in the compute dtype (what FSDP gathers)."""
     grad_accum_steps: int = 1
+    optimizer: str = "adamw"
+    """adamw, or muon: Newton-Schulz and, sharded, its exchange (muon_step)."""
 
 
 def step_time(method: str, work: StepWork, cluster: Cluster, reshard_after_forward: bool = True,
@@ -151,7 +170,57 @@ def step_time(method: str, work: StepWork, cluster: Cluster, reshard_after_forwa
         traffic, exposed = _sharded(method, work, cluster, micro, backward, reshard_after_forward)
     offload = _offload_seconds(work, cluster, method) if cpu_offload else 0.0
     # However well it overlaps, the links cannot carry a step's bytes in less than their time.
-    return StepTime(compute, traffic, max(exposed, traffic.seconds - compute), offload)
+    exposed = max(exposed, traffic.seconds - compute)
+    if work.optimizer != "muon":
+        return StepTime(compute, traffic, exposed, offload)
+    muon = muon_step(method, work.sizes, cluster)
+    # The exchange runs inside the optimizer's step, after the backward pass: all of it exposed.
+    return StepTime(compute, traffic + muon.exchange, exposed + muon.exchange.seconds, offload,
+                    muon.newton_schulz)
+
+
+@dataclass(frozen=True)
+class MuonStep:
+    """What Muon adds to an optimizer step on the busiest rank, beyond AdamW's."""
+
+    exchange: Traffic
+    """ShardedMuon's two all_to_alls (none under ddp)."""
+    newton_schulz: float
+    """Seconds of Newton-Schulz."""
+
+    @property
+    def seconds(self) -> float:
+        return self.exchange.seconds + self.newton_schulz
+
+
+def muon_step(method: str, sizes: ModelSizes, cluster: Cluster) -> MuonStep:
+    """Newton-Schulz of the matrices the busiest rank orthogonalises (all of them under ddp) and,
+    sharded, the exchange over the ranks that shard: all under fsdp, a node's under hsdp."""
+    per_node, nodes = {"ddp": (1, 1), "fsdp": (cluster.ranks_per_node, cluster.nodes),
+                       "hsdp": (cluster.ranks_per_node, 1)}[method]
+    shards = per_node * nodes
+    shapes = [torch.Size(shape) for shape in sizes.block_shapes if shape[1] > 1] * sizes.n_layer
+    load = [0] * shards
+    for shape, rank in zip(shapes, owners(shapes, shards)):
+        load[rank] += ns_cost(shape)
+    flops = NS_STEPS * 2 * max(load)  # ns_cost counts multiply-adds
+    return MuonStep(_exchange(sizes.hidden, cluster, per_node, nodes),
+                    flops / (cluster.peak_flops * cluster.utilization))
+
+
+def _exchange(hidden: int, cluster: Cluster, per_node: int, nodes: int) -> Traffic:
+    """Two all_to_alls over `nodes` x `per_node` ranks; each rank sends its bytes evenly to the
+    others, so a share (per_node - 1) / (S - 1) stays in its node and the rest goes through the
+    node's links, which its per_node ranks share."""
+    shards = per_node * nodes
+    if shards == 1:
+        return Traffic()
+    sent = hidden_traffic(hidden, shards)
+    intra = sent * (per_node - 1) / (shards - 1)
+    inter = sent - intra
+    latency = 2 * ((per_node - 1) * cluster.intra_latency + (shards - per_node) * cluster.inter_latency)
+    seconds = latency + intra / cluster.intra_bandwidth + per_node * inter / cluster.inter_bandwidth
+    return Traffic(intra, inter, seconds)
 
 
 def _ddp(work: StepWork, cluster: Cluster, backward: float) -> tuple[Traffic, float]:

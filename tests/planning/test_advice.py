@@ -4,7 +4,7 @@ accumulation. The command around it: tests/test_plan.py."""
 import pytest
 
 from mingpt.plan import ClusterOptions, make_setting
-from mingpt.planning.advice import plan_rows, recommend
+from mingpt.planning.advice import plan_rows, recommend, table
 from mingpt.run_config import from_command_line
 
 PRESET_ALONE = ["gpt_config.n_layer=null", "gpt_config.n_head=null", "gpt_config.n_embd=null"]
@@ -49,3 +49,24 @@ def test_a_slower_network_asks_for_more_gradient_accumulation():
         steps[gbps] = int(lines[0].split("grad_accum_steps=")[1].split(":")[0])
     assert efficiency[400] < efficiency[3200] < 0.9
     assert 1 < steps[3200] < steps[400]
+
+
+def test_a_muon_run_s_plan_shows_newton_schulz_in_every_row_and_its_exchange_among_the_reasons():
+    """The default model on 2 nodes of 8 H100s: each row's step is AdamW's plus Newton-Schulz (a column
+    of its own) and, sharded, the exchange (in the traffic and what is exposed); an AdamW run's plan
+    has no such column."""
+    plans = {}
+    for name in ("adamw", "muon"):
+        config = from_command_line([f"optimizer_config.name={name}"], "plan.py")
+        setting = make_setting(config, ClusterOptions(nodes=2, gpus_per_node=8, device="H100"), vocab_size=65)
+        rows = plan_rows(setting)
+        plans[name] = (rows, table(rows, setting), recommend(rows, setting))
+    (adamw_rows, adamw_table, _), (rows, muon_table, reasons) = plans["adamw"], plans["muon"]
+    assert "NS s" in muon_table and "NS s" not in adamw_table
+    for adamw, muon in zip(adamw_rows, rows):
+        newton_schulz = muon.timing.newton_schulz
+        assert adamw.timing.newton_schulz == 0 < newton_schulz and f"{newton_schulz:>7.3f}" in muon_table
+        exchange = muon.timing.traffic.intra_bytes - adamw.timing.traffic.intra_bytes
+        assert (exchange > 0) == (muon.method != "ddp")
+        assert muon.timing.seconds >= adamw.timing.seconds + newton_schulz
+    assert any("Muon adds" in line and "Newton-Schulz" in line for line in reasons)
