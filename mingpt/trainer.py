@@ -22,7 +22,6 @@ from torch.utils.data import DataLoader, Dataset
 from mingpt.char_dataset import batch_on, in_windows
 from mingpt.common.errors import TrainingDiverged, check, check_not_negative, check_positive
 from mingpt.distributed import control, parallel
-from mingpt.distributed.divergence import SpikeRule
 from mingpt.distributed.fault_tolerance import FaultToleranceConfig, Replicas, plain
 from mingpt.distributed.guard import RunGuard, WatchKeys
 from mingpt.distributed.parallel import ParallelKeys
@@ -153,10 +152,8 @@ class Trainer:
         """This rank's model, optimizer and grad scaler, checked to fit (planning/placement.py)."""
         self.model, self.optimizer, self.scaler = self.placed.model, self.placed.optimizer, self.placed.scaler
         self.checkpointer = Checkpointer(config.snapshot_policy(fault_tolerance), env, vocab, sample_order, lease)
-        self.guard = RunGuard(env, config.hang_timeout_s, self.checkpointer.folder, self.checkpointer.kept,
-                              compiled=config.compile, scaled=self.scaler.is_enabled(),
-                              spike=SpikeRule(config.loss_spike_ratio, config.loss_spike_steps),
-                              stop_signals=config.stop_signals, save_every_minutes=config.save_every_minutes)
+        self.guard = RunGuard(config, env, self.checkpointer.folder, self.checkpointer.kept, compiled=config.compile,
+                              scaled=self.scaler.is_enabled(), save_every_minutes=config.save_every_minutes)
         """The hang watchdog, the divergence watch and the step agreement (distributed/guard.py)."""
         watch = self.guard.watch
         if watch.active:  # alone, no rank to compare with: no step is timed

@@ -60,13 +60,14 @@ class RunGuard:
     """One rank's watch over its run (a context: the watchdog's thread and the signal handlers live
     inside it, from train()'s start to its end)."""
 
-    def __init__(self, env: DistEnv, hang_timeout_s: float, report_folder: str, kept, compiled: bool,
-                 scaled: bool, spike: SpikeRule, stop_signals: list[str], save_every_minutes: float):
-        self.watch = RunWatchdog(env.rank, env.world_size, hang_timeout_s, report_folder, kept,
+    def __init__(self, keys: WatchKeys, env: DistEnv, report_folder: str, kept, compiled: bool, scaled: bool,
+                 save_every_minutes: float):
+        self.watch = RunWatchdog(env.rank, env.world_size, keys.hang_timeout_s, report_folder, kept,
                                  StepClock(env.device), compiled=compiled)
         """Where this rank is and how long its steps take, for the others to see."""
+        spike = SpikeRule(keys.loss_spike_ratio, keys.loss_spike_steps)
         self.divergence = DivergenceWatch(env.device, scaled=scaled, spike=spike)
-        self._agreement_settings = (stop_signals, save_every_minutes, env)
+        self._agreement_settings = (keys.stop_signals, save_every_minutes, env)
         self.agreement: Optional[StepAgreement] = None
         """Stop signals and the snapshot timer, while training (closed when it ends)."""
         self._micro_step, self._micro_batch = 0, 0

@@ -8,15 +8,13 @@ import signal
 import torch
 
 from mingpt.distributed.control import Decision, StopRequested
-from mingpt.distributed.divergence import SpikeRule
-from mingpt.distributed.guard import RunGuard
+from mingpt.distributed.guard import RunGuard, WatchKeys
 from mingpt.distributed.watchdog import Position
 
 
 def guard_of(env, tmp_path, stop_signals: tuple[str, ...] = ()) -> RunGuard:
-    return RunGuard(env, hang_timeout_s=60, report_folder=str(tmp_path), kept=lambda: "no snapshot",
-                    compiled=False, scaled=False, spike=SpikeRule(), stop_signals=list(stop_signals),
-                    save_every_minutes=0)
+    return RunGuard(WatchKeys(hang_timeout_s=60, stop_signals=list(stop_signals)), env, str(tmp_path),
+                    kept=lambda: "no snapshot", compiled=False, scaled=False, save_every_minutes=0)
 
 
 def test_each_forward_pass_of_a_step_is_its_next_micro_batch_and_its_backward_pass_the_same(world_of_one,
