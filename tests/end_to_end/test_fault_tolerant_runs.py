@@ -166,18 +166,22 @@ def test_a_group_killed_mid_run_and_again_while_healing_costs_the_survivor_at_mo
         assert torch.equal(tensor, rejoined_weights[name]), name
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_under_hsdp_a_group_s_rank_killed_mid_run_heals_the_group_s_shards_from_a_live_one(
-        text_file, tmp_path, lighthouse):
+        text_file, tmp_path, lighthouse, optimizer):
     """distributed_method=hsdp, groups of two ranks: each group shards the model over its ranks, rank r
     of each group holding the same shard. One rank of group 1 is SIGKILLed: its torchrun restarts the
     group, whose ranks each fetch their shard and its optimizer state from the same rank of group 0;
-    every rank's shards end equal to its peer's."""
+    every rank's shards end equal to its peer's. Under Muon the state healed is ShardedMuon's momentum
+    of the rank's rows of each hidden matrix beside AdamW's moments of the rest: a momentum not healed
+    would send the healed group's weights elsewhere at its next step."""
     weights = tmp_path / "weights"
     weights.mkdir()
     # 450 steps, as the ddp test's: the survivor's 410 after the kill outlast the victim's restart (two ranks
     # importing torch) on a loaded machine; with 300 the survivor once finished first (at a load of 10).
     overrides = [*overrides_for(text_file, tmp_path, lighthouse.address, steps=450),
-                 "trainer_config.distributed_method=hsdp", "trainer_config.batch_size=16"]
+                 "trainer_config.distributed_method=hsdp", "trainer_config.batch_size=16",
+                 f"optimizer_config.name={optimizer}"]
     env = {**SLOW, "FINAL_WEIGHTS": str(weights)}
     survivor = Group(0, tmp_path / "group0.log", overrides, env, ranks=2)
     victim = Group(1, tmp_path / "group1.log", overrides, env, ranks=2)
