@@ -1,4 +1,5 @@
-"""plan.py --check: a cluster's run checked before it is queued, rank by rank, in this one process.
+"""plan.py --check: a cluster's run checked before it is queued, rank by rank, on this one machine:
+each checked rank in a process of its own, forked from one the check starts afresh (check_ranks).
 
 Each checked rank joins torch's fake process group as rank r of the cluster's world
 (planning/check.py says what that group carries and what it cannot) and starts as main.py starts a
