@@ -24,7 +24,9 @@ label, so the sweep resumes where it stopped and a run is measured once (--again
 verdict: each optimizer's lowest final loss over its runs (its best learning rate; Muon's runs at its
 defaults and at learning rates around them), the ratio of the two, and how much sooner Muon's
 evaluations reach the loss AdamW ends at (in steps; the seconds of a run measured under load are
-recorded but not compared).
+recorded but not compared), or, where a run's label asks for a shorter budget (steps=N), the recipe's
+budget over the shortest one whose Muon run still ends at AdamW's loss: with a cooldown over the last
+part of a run, a shorter run is how a user would spend fewer steps, not an early evaluation of a longer.
 
 --phase step (issue 59, item 4's last figure): what a step costs with sharded Muon against sharded
 AdamW and against DDP Muon, on --nproc ranks (torchrun, gloo, one thread each) and the default model's
@@ -159,7 +161,8 @@ def end_verdict(runs: dict, steps: int) -> dict:
     """Each optimizer's best run (lowest final loss), their ratio, and Muon's steps to AdamW's end."""
     best = {}
     for name in ("adamw", "muon"):
-        mine = {label: run for label, run in runs.items() if label.split(":")[0] == name}
+        mine = {label: run for label, run in runs.items()
+                if label.split(":")[0] == name and budget_of(label, steps) == steps}
         if mine:
             label = min(mine, key=lambda key: mine[key]["final"])
             best[name] = {"label": label, "final": mine[label]["final"]}
@@ -167,11 +170,21 @@ def end_verdict(runs: dict, steps: int) -> dict:
     if len(best) == 2:
         adamw_end = best["adamw"]["final"]
         reached = first_step_at(runs[best["muon"]["label"]]["evaluations"], adamw_end)
+        shorter = [budget_of(label, steps) for label, run in runs.items()
+                   if label.startswith("muon:") and budget_of(label, steps) < steps and run["final"] <= adamw_end]
+        sooner = max(steps / reached if reached else 0, steps / min(shorter) if shorter else 0) or None
         verdict.update(muon_over_adamw=best["muon"]["final"] / adamw_end, lower_met=best["muon"]["final"] < adamw_end,
-                       muon_steps_to_adamw_end=reached,
-                       sooner=steps / reached if reached else None, target_sooner=TARGET_SOONER,
-                       sooner_met=reached is not None and steps / reached >= TARGET_SOONER)
+                       muon_steps_to_adamw_end=reached, muon_shortest_budget_to_adamw_end=min(shorter, default=None),
+                       sooner=sooner, target_sooner=TARGET_SOONER,
+                       sooner_met=sooner is not None and sooner >= TARGET_SOONER)
     return verdict
+
+
+def budget_of(label: str, steps: int) -> int:
+    """A run's budget of steps: the recipe's, or its label's steps=N (a shorter run, its schedule's
+    cooldown within it, as a user with that budget would train)."""
+    settings = dict(setting.split("=") for setting in label.partition(":")[2].split(",") if setting)
+    return int(settings.get("steps", steps))
 
 
 def end_phase(args: argparse.Namespace) -> None:
@@ -186,7 +199,8 @@ def end_phase(args: argparse.Namespace) -> None:
             continue
         name, _, settings = label.partition(":")
         extra = [f"optimizer_config.name={name}",
-                 *(f"optimizer_config.{setting}" for setting in settings.split(",") if setting)]
+                 *(f"trainer_config.max_{setting}" if setting.startswith("steps=") else f"optimizer_config.{setting}"
+                   for setting in settings.split(",") if setting)]
         result = {**run_to_the_end(recipe, extra, args.eval_every, folder, args.threads), "load_note": args.load_note}
         # Read again before writing: another sweep may share the file (each run is minutes to an hour).
         runs = json.loads(path.read_text()).get("runs", {}) if path.exists() else {}
@@ -287,7 +301,7 @@ def main() -> None:
     parser.add_argument("--phase", choices=["sweep", "time", "both", "end", "step"], default="both")
     parser.add_argument("--recipe", choices=sorted(RECIPES), default="small", help="--phase end: the recipe")
     parser.add_argument("--runs", nargs="+", default=["adamw:learning_rate=0.001", "muon:"],
-                        help="--phase end: NAME:KEY=VALUE,... (optimizer_config's), each a run")
+                        help="--phase end: NAME:KEY=VALUE,... (optimizer_config's; steps=N: a budget of N steps), each a run")
     parser.add_argument("--again", action="store_true", help="--phase end: measure runs already in the file again")
     parser.add_argument("--load-note", default="", help="--phase end: what else the machine ran meanwhile")
     parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of the sweep's runs")
