@@ -36,7 +36,7 @@ def measure(name: str, method: str, steps: int, env) -> dict:
         for _ in range(steps):
             inputs, targets = trainer.to_device(next(batches))
             trainer._run_batch(inputs, targets)[0].item()
-        measured, planned = peak_memory(env.device), trainer.memory.estimate.peak
+        measured, planned = peak_memory(env.device), trainer.placed.memory.estimate.peak
     row = {"case": name, "method": method, "planned_bytes": planned, "measured_bytes": measured,
            "error": planned / measured - 1, "within_target": abs(planned / measured - 1) <= TARGET}
     if env.device.type != "cuda":
