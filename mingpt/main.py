@@ -27,6 +27,7 @@ from mingpt.distributed.control import (
     exit_status_for,
     record_clean_stop,
 )
+from mingpt.distributed.fault_tolerance import speak, speaks_at_start
 from mingpt.distributed.process_group import (
     DEFAULT_TIMEOUT_S,
     TIMEOUT_KEY,
@@ -46,10 +47,13 @@ from mingpt.storage.snapshot import snapshot_folder
 @contextlib.contextmanager
 def ddp_setup(config: TrainConfig) -> Iterator[DistEnv]:
     """The original's ddp_setup: join the process group, one device per rank (torch.accelerator's,
-    or the CPU with gloo); here also rank 0's logger, NCCL's flight recorder and a clean exit."""
+    or the CPU with gloo); here also rank 0's logger (under replica groups, the voice's alone),
+    NCCL's flight recorder and a clean exit."""
     record_nccl_collectives(snapshot_folder(config.trainer_config.snapshot_path))
     with distributed_session(config.trainer_config.process_group_timeout_s) as env:
         configure_logging(env.rank)
+        if config.fault_tolerance_config.enabled:
+            speak(speaks_at_start(config.fault_tolerance_config), env)
         yield env
 
 

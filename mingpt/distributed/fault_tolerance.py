@@ -87,6 +87,21 @@ def torchft_installed() -> bool:
     return importlib.util.find_spec("torchft") is not None
 
 
+def speaks_at_start(settings: "FaultToleranceConfig") -> bool:
+    """Whether this group is the run's voice from its start (Replicas.speaks_at_start)."""
+    return settings.replica_group == 0 and not restarted()
+
+
+def speak(voice: bool, env: DistEnv) -> None:
+    """This group's rank 0 says the run's lines (the logger's INFO) only while the group is its voice;
+    the other ranks never do, and every rank says its warnings and errors. Set first where the logger
+    is (main.ddp_setup), before the start-up: every group prepares the same data and model and would
+    say the same lines, which launch.py prints once, under whichever group said them first."""
+    level = logging.INFO if voice else logging.WARNING
+    if env.rank == 0 and log.level != level:  # at every quorum: setLevel clears every logger's cache
+        log.setLevel(level)
+
+
 def restarted() -> bool:
     """Whether this process's group was started again after a failure (by launch.py, or by torchrun)."""
     return any(int(os.environ.get(name) or 0) > 0 for name in (RESTART_ENV, "TORCHELASTIC_RESTART_COUNT"))
@@ -400,7 +415,7 @@ class Replicas:
         """The run's voice until the first quorum says which group it is: group 0 on a fresh start. A
         group that comes back after a failure is quiet until then: it heals from a live group (and says
         so), or says how it goes on."""
-        return self.settings.replica_group == 0 and not restarted()
+        return speaks_at_start(self.settings)
 
     @property
     def speaks(self) -> bool:
@@ -409,11 +424,7 @@ class Replicas:
         return self.snapshot_writer() == self.settings.replica_group
 
     def _speak(self, voice: bool) -> None:
-        """This group's rank 0 says the run's lines (the logger's INFO) only while the group is its voice;
-        the other ranks never do, and every rank says its warnings and errors."""
-        level = logging.INFO if voice else logging.WARNING
-        if self.env.rank == 0 and log.level != level:  # at every quorum: setLevel clears every logger's cache
-            log.setLevel(level)
+        speak(voice, self.env)
 
     def _say(self, line: str, always: bool = False) -> None:
         """A line of the run (its voice says it), or `always`: one about this group alone."""

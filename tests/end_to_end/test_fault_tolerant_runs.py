@@ -304,10 +304,16 @@ def test_launch_starts_the_lighthouse_and_the_groups_heals_a_killed_worker_and_s
     group_1 = [line for line in output.splitlines() if line.startswith("[replica 1] ")]
     if group_1[0].startswith("[replica 1] Waiting for replica group(s) 0 to start"):
         group_1.pop(0)  # it started first (on a loaded machine either group may), and said why it waits
-    assert len(group_1) == 2, output
+    assert len(group_1) >= 2, output
     assert re.fullmatch(r"\[replica 1\] lost rank 0 \(killed by SIGKILL\): starting the group again \(1 of 3\); "
                         r"it heals from a live replica group", group_1[0]), group_1
     assert group_1[1].startswith("[replica 1] Healed from replica group 0 at step"), group_1
+    # Then nothing, unless group 0 stopped first and group 1 trained on alone until its own stop (a
+    # loaded machine: seen in CI): group 0 gone, it is the run's only voice, and says so.
+    alone = (r"Replica group\(s\) 0 left at step \d+: .*", r"Snapshot saved at step \d+",
+             r"Stopping on SIGTERM: snapshot saved at step \d+")
+    assert all(any(re.fullmatch(rf"\[replica 1\] {pattern}", line) for pattern in alone)
+               for line in group_1[2:]), group_1
     said = [line.split("] ", 1)[1] for line in output.splitlines() if line.startswith("[replica ")]
     assert len(said) == len(set(said)), output
     assert output.count("Data has ") == output.count("Training model from scratch") == 1, output
