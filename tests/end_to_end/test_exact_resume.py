@@ -53,6 +53,10 @@ def unbroken_after(request, method: str, epochs: int) -> dict:
 
 AT_STEP_30 = "Resuming training from snapshot at Epoch 0 (step 30, sample 1920 of epoch 1)"
 AT_EPOCH_1 = "Resuming training from snapshot at Epoch 1"
+AT_A_STEP_SAVED_IN_THE_BACKGROUND = re.compile(
+    r"Resuming training from snapshot at Epoch 0 \(step (20|30), sample (1280|1920) of epoch 1\)")
+"""Step 30's, or step 20's where step 30's background write was still under way at the kill (a loaded
+machine: seen once in CI); either way the run ends where the unbroken one does."""
 ASYNC = {"trainer_config__async_snapshots": True}
 SHARDED = {"trainer_config__snapshot_format": "sharded"}
 
@@ -67,8 +71,9 @@ SHARDED = {"trainer_config__snapshot_format": "sharded"}
                  id="mid-write-then-mid-eval"),
     # Snapshots written in the background while training went on to step 37: each holds its step.
     # FSDP's full state is gathered from the shards for the background writer.
-    pytest.param("fsdp", ["step:37"], [1], [AT_STEP_30], 1, ASYNC, id="fsdp-async"),
-    pytest.param("ddp", ["step:37"], [1], [AT_STEP_30], 1, {**ASYNC, **SHARDED}, id="async-sharded"),
+    pytest.param("fsdp", ["step:37"], [1], [AT_A_STEP_SAVED_IN_THE_BACKGROUND], 1, ASYNC, id="fsdp-async"),
+    pytest.param("ddp", ["step:37"], [1], [AT_A_STEP_SAVED_IN_THE_BACKGROUND], 1, {**ASYNC, **SHARDED},
+                 id="async-sharded"),
 ])
 def test_killed_worker_restarts_and_ends_bitwise_equal(request, text_file, tmp_path, method, faults,
                                                       fault_ranks, resumed_from, epochs, settings):
@@ -79,7 +84,8 @@ def test_killed_worker_restarts_and_ends_bitwise_equal(request, text_file, tmp_p
     for rank in fault_ranks:  # each planted SIGKILL happened
         assert f"failed (exitcode: -9) local_rank: {rank}" in result.stderr
     for resumed in resumed_from:
-        assert resumed in result.stdout
+        assert re.search(resumed, result.stdout) if isinstance(resumed, re.Pattern) else resumed in result.stdout, \
+            result.stdout
     assert_same_state(newest_state(snapshot), unbroken_after(request, method, epochs))
 
 
