@@ -209,6 +209,11 @@ class Trainer:
                 self._end_run()
             except control.StopRequested as stop:
                 self._stopped_at_once(stop.number)
+            except RuntimeError as error:  # torch.distributed's errors are RuntimeErrors
+                number = self.guard.stopped_with_peer(error)
+                if not number:
+                    raise
+                self._stopped_at_once(number)
         self.report.finished(self.progress, self.checkpointer.policy.path)
 
     def _end_epoch(self, epoch: int) -> None:

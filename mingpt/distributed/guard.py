@@ -12,7 +12,7 @@ import torch
 from mingpt.common.errors import check, check_not_negative, check_positive
 from mingpt.distributed.control import Decision, StepAgreement, check_signal_names
 from mingpt.distributed.divergence import DivergenceWatch, Health, SpikeRule
-from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, first_said
+from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, first_said, peer_failure
 from mingpt.distributed.stragglers import StepClock
 from mingpt.distributed.watchdog import RunWatchdog
 
@@ -68,6 +68,7 @@ class RunGuard:
         spike = SpikeRule(keys.loss_spike_ratio, keys.loss_spike_steps)
         self.divergence = DivergenceWatch(env.device, scaled=scaled, spike=spike)
         self._agreement_settings = (keys.stop_signals, save_every_minutes, env)
+        self._collective_timeout_s = keys.process_group_timeout_s
         self.agreement: Optional[StepAgreement] = None
         """Stop signals and the snapshot timer, while training (closed when it ends)."""
         self._micro_step, self._micro_batch = 0, 0
@@ -119,6 +120,15 @@ class RunGuard:
         trained since the last snapshot written); kept() says what a second Ctrl-C leaves."""
         signals = self.agreement.signals
         signals.at_once, signals.kept = loses_nothing, kept
+
+    def stopped_with_peer(self, error: BaseException) -> int:
+        """The stop signal (0: none) that explains a failed collective: this rank was asked to stop,
+        but had a step under way, while a peer asked at the same time had none (at_once) and left. The
+        peer lost nothing and neither does this rank: both stop from the last snapshot written."""
+        requested = self.agreement.signals.requested if self.agreement is not None else 0
+        if requested and peer_failure(error, self._collective_timeout_s) is not None:
+            return requested
+        return 0
 
     def stopping(self) -> None:
         """The stop is being carried out: no signal stops it at once any more."""

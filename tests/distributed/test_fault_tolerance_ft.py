@@ -261,7 +261,7 @@ def test_under_hsdp_a_group_on_one_machine_shards_over_it_all():
 def hsdp_gpt(world_of_one, seed: int):
     """A small GPT as a group of one machine holds it under hsdp (each parameter a DTensor shard: a
     world of one here), with its reference copy."""
-    from mingpt.distributed.parallel import Parallelism, parallelize
+    from mingpt.distributed.parallel import Parallelism
     from mingpt.distributed.precision import Precision
     from mingpt.model import GPT, GPTConfig
 

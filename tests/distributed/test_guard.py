@@ -62,6 +62,19 @@ def test_a_signal_stops_at_once_only_while_nothing_would_be_lost(world_of_one, t
             raise AssertionError("a stop that loses nothing did not stop at once")
 
 
+def test_a_collective_failed_by_a_peer_that_stopped_at_once_is_this_ranks_stop_too(world_of_one, tmp_path):
+    """Both ranks signalled: the peer had nothing under way and left at once; this rank, a step under
+    way, meets its next collective failing. The stop explains it, and only a peer's failure, only after
+    a signal (CI: launch.py said every worker stopped cleanly, but rank 0 never said its stop line)."""
+    lost_peer = RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:29500")
+    with guard_of(world_of_one, tmp_path, ("SIGUSR1",)) as guard:
+        guard.stop_at_once_when(lambda: False, lambda: "the last snapshot is kept")  # a step under way
+        assert guard.stopped_with_peer(lost_peer) == 0  # no signal yet: the peer's failure is the run's
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert guard.stopped_with_peer(lost_peer) == signal.SIGUSR1
+        assert guard.stopped_with_peer(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) == 0
+
+
 def test_a_step_that_is_not_finite_is_the_decision_a_step_later(world_of_one, tmp_path):
     def step(guard, number: int, loss: float, save_failed: bool = False) -> Decision:
         return guard.step_taken(number, torch.tensor(loss), torch.tensor(1.0), save_failed=save_failed)

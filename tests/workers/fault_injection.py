@@ -88,7 +88,6 @@ SLOW_WRITE_S = float(os.environ.get("SLOW_WRITE_S", 30))
 
 def pause_while_writing(first_step: int, only: bool = False) -> None:
     """Snapshots of first_step (and later ones, unless only) pause half-way through their real write."""
-    import time
 
     import torch
 
