@@ -12,7 +12,6 @@ bench/results/memory_cpu.json otherwise (unless --json).
 import argparse
 from pathlib import Path
 
-import torch
 from common import RESULTS, benchmark_trainer, peak_memory, reset_peak_memory, save_json, synthetic_text
 
 from mingpt.char_dataset import CharDataset

@@ -73,6 +73,7 @@ from mingpt.distributed.precision import resolve_precision
 from mingpt.distributed.process_group import DistEnv, barrier, distributed_session
 from mingpt.model import GPT, PRESETS, GPTConfig
 from mingpt.optimizer import OptimizerConfig
+from mingpt.start_up import place_model
 from mingpt.reporting.flops import gpu_peak_flops, matmul_flops_by_size, model_flops_utilization, wait_for
 from mingpt.trainer import Trainer, TrainerConfig
 
@@ -244,7 +245,8 @@ def build_trainer(name: str, args, dataset: CharDataset, data_config: DataConfig
         # A path that never exists: the Trainer must not resume from someone's gpt_snapshot.pt.
         snapshot_path=str(Path(snapshot_dir) / f"{name}.pt"),
     )
-    trainer = Trainer(trainer_config, model, OptimizerConfig(), train_set, test_set, dataset.vocab, env)
+    placed = place_model(trainer_config, OptimizerConfig(), model, env)
+    trainer = Trainer(trainer_config, placed, train_set, test_set, dataset.vocab, env)
     return model, trainer
 
 

@@ -20,6 +20,7 @@ from mingpt.distributed.parallel import local_bytes
 from mingpt.distributed.process_group import DistEnv
 from mingpt.model import GPT, GPTConfig
 from mingpt.optimizer import OptimizerConfig
+from mingpt.start_up import place_model
 from mingpt.trainer import Trainer, TrainerConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,8 +62,9 @@ def benchmark_trainer(env: DistEnv, n_layer: int, n_head: int, n_embd: int, bloc
     with tempfile.TemporaryDirectory() as scratch:
         settings = {"data_loader_workers": 0, "use_amp": False, "snapshot_path": f"{scratch}/snap.pt",
                     **trainer_settings}
-        trainer = Trainer(TrainerConfig(**settings), model, OptimizerConfig(), dataset, None, dataset.vocab,
-                          env)
+        config = TrainerConfig(**settings)
+        trainer = Trainer(config, place_model(config, OptimizerConfig(), model, env), dataset, None,
+                          dataset.vocab, env)
         try:
             yield trainer
         finally:

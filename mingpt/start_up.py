@@ -4,9 +4,9 @@ plan.py --check, which starts chosen ranks of a cluster's run in one process on 
 so that the check exercises what the run will (commands never import each other).
 
 The order is the original's (main.py's get_train_objs, then the Trainer): the data, prepared on
-each machine and split; the model on the meta device, sized by the data's vocabulary; then the
-Trainer, which checks that the step fits, places and wraps the model for its method, and builds
-the optimizer, the data loaders and the Checkpointer.
+each machine and split; the model on the meta device, sized by the data's vocabulary; the step
+checked to fit the data and the memory, then the model placed and wrapped for its method with its
+optimizer; then the Trainer, which builds the data loaders and the Checkpointer.
 """
 from dataclasses import replace
 from pathlib import Path
@@ -26,14 +26,18 @@ from mingpt.char_dataset import (
 )
 from mingpt.common.logger import log, warn_once
 from mingpt.distributed import parallel
+from mingpt.distributed.fault_tolerance import FaultToleranceConfig, Replicas
+from mingpt.distributed.precision import resolve_precision
 from mingpt.distributed.process_group import DistEnv, barrier
 from mingpt.model import GPT
+from mingpt.optimizer import OptimizerConfig
+from mingpt.planning.placement import PlacedModel, place
 from mingpt.run_config import TrainConfig
 from mingpt.storage.gpt2_folder import open_folder
 from mingpt.storage.lease import SnapshotLease
-from mingpt.tokens.data_loader import batches_per_rank
+from mingpt.tokens.data_loader import batches_per_rank, check_step_fits
 from mingpt.tokens.sample_order import SampleOrder, split_of
-from mingpt.trainer import Trainer
+from mingpt.trainer import Trainer, TrainerConfig
 
 TrainObjects = tuple[GPT, CharDataset, CharDataset, CharDataset]
 """The model (on the meta device), the whole dataset, and its train and test splits."""
@@ -90,9 +94,26 @@ def start_trainer(config: TrainConfig, env: DistEnv, objects: TrainObjects,
     """The Trainer of the run (holding its snapshot path's lease, when the run took one), with what it
     says as it starts (its summary: model, world, memory, batch, data and snapshot lines)."""
     model, dataset, train_set, test_set = objects
-    trainer = Trainer(config.trainer_config, model, config.optimizer_config, train_set, test_set,
-                      dataset.vocabulary, env, sample_order(config, dataset), config.fault_tolerance_config, lease)
+    tc = config.trainer_config
+    replicas = Replicas.open(config.fault_tolerance_config, env)
+    check_step_fits(len(train_set), tc.batch_size, tc.grad_accum_steps, replicas.data_env.world_size)
+    placed = place_model(tc, config.optimizer_config, model, env, replicas)
+    trainer = Trainer(tc, placed, train_set, test_set, dataset.vocabulary, env, sample_order(config, dataset),
+                      lease)
     return trainer, run_summary(trainer, describe_data(config.data_config, dataset, train_set, test_set))
+
+
+def place_model(config: TrainerConfig, optimizer_config: OptimizerConfig, model: GPT, env: DistEnv,
+                replicas: Optional[Replicas] = None) -> PlacedModel:
+    """The model and optimizer of main.get_train_objs, for this rank: the meta-device model checked
+    against its step's memory plan, then placed for trainer_config.distributed_method with its
+    optimizer, grad scaler and autocast (planning/placement.py); a run of one replica group unless
+    `replicas` says otherwise."""
+    precision = resolve_precision(config.use_amp, config.amp_dtype, env.device)
+    placement = config.placement(env.world_size, env.local_world_size, env.device.type, precision.amp_dtype,
+                                 optimizer_config.name)
+    replicas = replicas or Replicas.open(FaultToleranceConfig(), env)
+    return place(model, placement, precision, config, config.batch_size, optimizer_config, env, replicas)
 
 
 def run_summary(trainer: Trainer, data: str) -> list[str]:

@@ -4,11 +4,11 @@ The original's trainer.py, its landmarks where they were: TrainerConfig, Snapsho
 _prepare_dataloader, _load_snapshot, _run_batch, _run_epoch, _save_snapshot and train; its
 upload_to_s3 is storage/snapshot.py's write_snapshot, for any fsspec URL.
 
-The model arrives unwrapped on the meta device (main.py); the Trainer has it checked against its
-step's memory plan and placed for the configured method, with its optimizer (planning/placement.py;
-each rank holds only its shards under FSDP), where the original wrapped it in DDP. It keeps the loop, evaluation and the phases of a step;
-snapshots are the Checkpointer's (storage/checkpointer.py), and decisions every rank takes at one
-step (a stop signal, a snapshot timer) come from control.py. A resumed run continues with the next
+The model arrives placed for the configured method with its optimizer (start_up.place_model: each
+rank holds only its shards under FSDP), where the original wrapped it in DDP here. The Trainer keeps
+the loop, evaluation and the phases of a step; snapshots are the Checkpointer's
+(storage/checkpointer.py), and decisions every rank takes at one step (a stop signal, a snapshot
+timer) come from control.py. A resumed run continues with the next
 unseen sample of the epoch's global order, exactly as the unbroken run at the same world size.
 """
 import signal
@@ -22,14 +22,13 @@ from torch.utils.data import DataLoader, Dataset
 from mingpt.char_dataset import batch_on, in_windows
 from mingpt.common.errors import TrainingDiverged, check, check_not_negative, check_positive
 from mingpt.distributed import control, parallel
-from mingpt.distributed.fault_tolerance import FaultToleranceConfig, Replicas, plain
+from mingpt.distributed.fault_tolerance import FaultToleranceConfig, plain
 from mingpt.distributed.guard import RunGuard, WatchKeys
 from mingpt.distributed.parallel import ParallelKeys
-from mingpt.distributed.precision import resolve_precision
 from mingpt.distributed.process_group import DistEnv, all_reduce_sum
-from mingpt.optimizer import OptimizerConfig, learning_rate_at, set_learning_rate
+from mingpt.optimizer import learning_rate_at, set_learning_rate
 from mingpt.planning.memory import Placement
-from mingpt.planning.placement import place
+from mingpt.planning.placement import PlacedModel
 from mingpt.reporting import hellaswag_eval
 from mingpt.reporting.hellaswag_eval import HellaSwagKeys
 from mingpt.reporting.metrics import default_metrics_path, replica_group_metrics_path
@@ -126,34 +125,29 @@ class TrainerConfig(ParallelKeys, SnapshotKeys, WatchKeys, ReportKeys, HellaSwag
 
 
 class Trainer:
-    def __init__(self, config: TrainerConfig, model: nn.Module, optimizer_config: OptimizerConfig,
-                 train_dataset: Dataset, test_dataset: Optional[Dataset], vocab: Sequence[str], env: DistEnv,
-                 sample_order: Optional[SampleOrder] = None,
-                 fault_tolerance: FaultToleranceConfig = FaultToleranceConfig(),
-                 lease: Optional[SnapshotLease] = None):
-        self.config, self.optimizer_config, self.env, self.vocab = config, optimizer_config, env, vocab
-        self.block_size = model.config.block_size
+    def __init__(self, config: TrainerConfig, placed: PlacedModel, train_dataset: Dataset,
+                 test_dataset: Optional[Dataset], vocab: Sequence[str], env: DistEnv,
+                 sample_order: Optional[SampleOrder] = None, lease: Optional[SnapshotLease] = None):
+        self.config, self.env, self.vocab, self.placed = config, env, vocab, placed
+        self.model, self.optimizer, self.scaler = placed.model, placed.optimizer, placed.scaler
+        """The original's three, placed for this rank (start_up.place_model)."""
+        self.optimizer_config, self.precision = placed.optimizer_config, placed.precision
+        self.replicas = placed.replicas
+        """Under fault tolerance, this replica group's part in the run (distributed/fault_tolerance.py)."""
+        self.block_size = parallel.unwrap(self.model).config.block_size
         self.test_samples = len(test_dataset) if test_dataset is not None else 0
         """The test split's samples, before eval_batches bounds an evaluation."""
-        self.fault_tolerance = fault_tolerance
-        self.replicas = Replicas.open(fault_tolerance, env)
-        """Under fault tolerance, this replica group's part in the run (distributed/fault_tolerance.py)."""
         self.data_env = self.replicas.data_env
         """This rank's place in the global sample order (its group's slot under fault tolerance)."""
-        self.train_loader = self._prepare_dataloader(train_dataset, train=True)  # refuses a step larger than it
+        self.train_loader = self._prepare_dataloader(train_dataset, train=True)
         self.test_loader = self._prepare_dataloader(test_dataset, train=False) if test_dataset else None
         self.hellaswag = hellaswag_eval.for_run(config.hellaswag_path, vocab, self.block_size,
                                                 config.hellaswag_items)
-        self.precision = resolve_precision(config.use_amp, config.amp_dtype, env.device)
-        placement = config.placement(env.world_size, env.local_world_size, env.device.type,
-                                     self.precision.amp_dtype, optimizer_config.name)
-        self.placed = place(model, placement, self.precision, config, config.batch_size, optimizer_config, env,
-                            self.replicas)
-        """This rank's model, optimizer and grad scaler, checked to fit (planning/placement.py)."""
-        self.model, self.optimizer, self.scaler = self.placed.model, self.placed.optimizer, self.placed.scaler
-        self.checkpointer = Checkpointer(config.snapshot_policy(fault_tolerance), env, vocab, sample_order, lease)
-        self.guard = RunGuard(config, env, self.checkpointer.folder, self.checkpointer.kept, compiled=config.compile,
-                              scaled=self.scaler.is_enabled(), save_every_minutes=config.save_every_minutes)
+        replicas = self.replicas.settings
+        self.checkpointer = Checkpointer(config.snapshot_policy(replicas), env, vocab, sample_order, lease)
+        self.guard = RunGuard(config, env, self.checkpointer.folder, self.checkpointer.kept,
+                              compiled=config.compile, scaled=self.scaler.is_enabled(),
+                              save_every_minutes=config.save_every_minutes)
         """The hang watchdog, the divergence watch and the step agreement (distributed/guard.py)."""
         watch = self.guard.watch
         if watch.active:  # alone, no rank to compare with: no step is timed
@@ -162,9 +156,9 @@ class Trainer:
         self.replicas.keep(self.model, self.optimizer, self.scaler, self.progress)  # what a joining group heals
         self.steps_per_epoch = len(self.train_loader)
         self.total_steps = self._planned_steps()
-        self.report = RunReport.open(config.report_settings(fault_tolerance), env, self.precision.matmul_dtype,
-                                     model.flops_per_token(), self.total_steps, self.progress.step,
-                                     watch.rank_times)
+        self.report = RunReport.open(config.report_settings(replicas), env, self.precision.matmul_dtype,
+                                     parallel.unwrap(self.model).flops_per_token(), self.total_steps,
+                                     self.progress.step, watch.rank_times)
         self.step_estimate_s = self.report.monitor.step_estimate_s(config.step_samples() * self.block_size)
         """A step's time before any is measured (rank 0's, who warns; 0: unknown)."""
         watch.check_timeout(self.step_estimate_s)
@@ -187,7 +181,7 @@ class Trainer:
     def track(self, config: TrackerConfig, run_config: dict[str, Any], summary: list[str]) -> None:
         """Send the metrics to run trackers too, continuing the tracked runs of a resumed snapshot
         (under fault tolerance, replica group 0's metrics: one tracked run)."""
-        if not self.fault_tolerance.follows:
+        if not self.replicas.settings.follows:
             self.report.track(config, self.checkpointer.folder, self.progress, run_config, summary)
 
     def train(self) -> None:

@@ -85,6 +85,7 @@ def test_mfu_is_held_against_the_peak_of_the_precision_in_use(monkeypatch, tmp_p
     from mingpt.model import GPT, GPTConfig
     from mingpt.optimizer import OptimizerConfig
     from mingpt.reporting import flops
+    from mingpt.start_up import place_model
     from mingpt.trainer import Trainer, TrainerConfig
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
@@ -98,7 +99,8 @@ def test_mfu_is_held_against_the_peak_of_the_precision_in_use(monkeypatch, tmp_p
                   backend="gloo")
     config = TrainerConfig(use_amp=use_amp, data_loader_workers=0, snapshot_path=str(tmp_path / "s.pt"))
     try:
-        trainer = Trainer(config, model, OptimizerConfig(), dataset, None, dataset.vocab, env)
+        trainer = Trainer(config, place_model(config, OptimizerConfig(), model, env), dataset, None,
+                          dataset.vocab, env)
         assert trainer.report.monitor.peak_flops == peak
     finally:
         flops.peak_flops.cache_clear()
@@ -174,6 +176,7 @@ def test_evaluation_runs_without_gradients_and_without_dropout(tmp_path, world_o
     from mingpt.char_dataset import CharDataset, DataConfig, split_dataset
     from mingpt.model import GPT, GPTConfig
     from mingpt.optimizer import OptimizerConfig
+    from mingpt.start_up import place_model
     from mingpt.trainer import Trainer, TrainerConfig
 
     dataset = CharDataset(make_text(800), 8)
@@ -181,7 +184,8 @@ def test_evaluation_runs_without_gradients_and_without_dropout(tmp_path, world_o
     model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, vocab_size=dataset.vocab_size, block_size=8))
     config = TrainerConfig(use_amp=False, data_loader_workers=0, batch_size=16,
                            snapshot_path=str(tmp_path / "s.pt"))
-    trainer = Trainer(config, model, OptimizerConfig(), train_set, test_set, dataset.vocab, world_of_one)
+    placed = place_model(config, OptimizerConfig(), model, world_of_one)
+    trainer = Trainer(config, placed, train_set, test_set, dataset.vocab, world_of_one)
     seen = []
     trainer.model.register_forward_hook(lambda module, args, out: seen.append(
         (torch.is_grad_enabled(), module.training, out[0].requires_grad)))

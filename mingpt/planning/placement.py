@@ -1,5 +1,5 @@
 """A rank's training state placed for its run: what the Trainer trains, from the model that main.py
-built on the meta device.
+built on the meta device (start_up.place_model reads the keys).
 
 The plan comes first: the step this rank will take is traced and its peak held against the device's
 memory (memory.py), so that a run that cannot fit is refused before anything is allocated. Then the
@@ -42,6 +42,11 @@ class PlacedModel:
     """The step's planned peak, checked against the device at start-up."""
     parallelism: Parallelism
     """How this rank's model is wrapped (under fault tolerance, how its replica group holds it)."""
+    optimizer_config: OptimizerConfig
+    """What the optimizer was built from, with the learning-rate schedule the Trainer follows."""
+    replicas: Replicas
+    """Under fault tolerance, this replica group's part in the run (its gradients averaged with the
+    other groups', its optimizer's steps committed); alone, a part that changes nothing."""
 
 
 def place(model: nn.Module, placement: Placement, precision: Precision, keys: ParallelKeys, batch_size: int,
@@ -59,4 +64,5 @@ def place(model: nn.Module, placement: Placement, precision: Precision, keys: Pa
     optimizer = replicas.committing(optimizer_for(wrapped, optimizer_config))
     fsdp_casts = parallel.computes_in_precision(wrapped)  # then autocast would only add casts
     return PlacedModel(wrapped, optimizer, parallel.grad_scaler(wrapped, precision, env), precision,
-                       contextlib.nullcontext if fsdp_casts else precision.autocast, memory, parallelism)
+                       contextlib.nullcontext if fsdp_casts else precision.autocast, memory, parallelism,
+                       optimizer_config, replicas)

@@ -144,7 +144,6 @@ def rank_loader(dataset: Dataset, batch_size: int, grad_accum_steps: Optional[in
                                signals_for_training=signals_for_training, blocks=blocks)
 
     if grad_accum_steps is not None:
-        check_step_fits(len(dataset), batch_size, grad_accum_steps, env.world_size)
         blocks = dataset.blocks() if hasattr(dataset, "blocks") else None
         return loader(dataset, batch_size * grad_accum_steps, shuffle=True, blocks=blocks)
     bound = eval_batches * batch_size * env.world_size
@@ -158,7 +157,8 @@ def rank_loader(dataset: Dataset, batch_size: int, grad_accum_steps: Optional[in
 
 def check_step_fits(train_samples: int, batch_size: int, grad_accum_steps: int, world_size: int) -> None:
     """A step must fit in the training split: a larger one would make every step the whole split,
-    shorter than the step that the Batch line, tokens/s and the LR horizon count."""
+    shorter than the step that the Batch line, tokens/s and the LR horizon count (checked at start-up,
+    before the model is placed)."""
     step = batch_size * grad_accum_steps * world_size
     check(step <= train_samples, "trainer_config.batch_size",
           f"a step of {step:,} samples ({batch_size} x {grad_accum_steps} accumulation x {world_size} "

@@ -5,6 +5,7 @@ import pytest
 import torch
 from helpers import make_text
 
+from mingpt import start_up
 from mingpt import trainer as trainer_module
 from mingpt.char_dataset import CharDataset
 from mingpt.common.errors import ConfigError
@@ -20,7 +21,7 @@ CPU = torch.device("cpu")
 def one_step(tmp_path, monkeypatch, mode: str, amp_dtype) -> tuple[dict, list[int]]:
     """One step of 2 micro-batches, dropout 0.1 everywhere; the gradients it leaves, and the
     activation bytes each micro-batch's forward pass saved for its backward pass."""
-    monkeypatch.setattr(trainer_module, "resolve_precision",  # bf16 autocast even where it is emulated
+    monkeypatch.setattr(start_up, "resolve_precision",  # bf16 autocast even where it is emulated
                         lambda use_amp, dtype, device: Precision(device.type, amp_dtype))
     monkeypatch.setattr("mingpt.reporting.run_report.peak_flops", lambda device, dtype: None)  # no MFU needed
     dataset = CharDataset(make_text(500), 16)
@@ -29,7 +30,8 @@ def one_step(tmp_path, monkeypatch, mode: str, amp_dtype) -> tuple[dict, list[in
     env = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=CPU, backend="gloo")
     config = trainer_module.TrainerConfig(batch_size=4, grad_accum_steps=2, data_loader_workers=0,
                                           activation_checkpointing=mode, snapshot_path=str(tmp_path / mode))
-    trainer = trainer_module.Trainer(config, model, OptimizerConfig(), dataset, None, dataset.vocab, env)
+    placed = start_up.place_model(config, OptimizerConfig(), model, env)
+    trainer = trainer_module.Trainer(config, placed, dataset, None, dataset.vocab, env)
     saved = []
     compute_loss = trainer.compute_loss
 

@@ -115,11 +115,11 @@ def fp16_run(text_file, monkeypatch, capsys, one_torch_thread):
     process (tests/workers/amp_probe.py's forcing, applied here), on 2 through that script."""
     from workers import amp_probe
 
-    from mingpt import trainer
+    from mingpt import start_up
     from mingpt.distributed import parallel
 
     monkeypatch.setenv("SCALER_GROWTH_INTERVAL", "3")
-    monkeypatch.setattr(trainer, "resolve_precision", amp_probe.fp16_with_a_scaler)
+    monkeypatch.setattr(start_up, "resolve_precision", amp_probe.fp16_with_a_scaler)
     monkeypatch.setattr(torch.amp, "GradScaler", amp_probe.FastGrowingScaler)
     monkeypatch.setattr(parallel, "FusedShardedGradScaler", amp_probe.FastGrowingShardedScaler)
 
@@ -219,6 +219,7 @@ def small_trainer(tmp_path, monkeypatch, force_fp16=False, method="ddp"):
     """A Trainer of a tiny model without dropout in a world of one, and a batch of 8 for it."""
     from helpers import make_text
 
+    from mingpt import start_up
     from mingpt import trainer as trainer_module
     from mingpt.char_dataset import CharDataset
     from mingpt.distributed.process_group import DistEnv
@@ -226,7 +227,7 @@ def small_trainer(tmp_path, monkeypatch, force_fp16=False, method="ddp"):
     from mingpt.optimizer import OptimizerConfig
 
     if force_fp16:
-        monkeypatch.setattr(trainer_module, "resolve_precision",
+        monkeypatch.setattr(start_up, "resolve_precision",
                             lambda use_amp, amp_dtype, device: Precision(device.type, torch.float16))
     monkeypatch.setattr("mingpt.reporting.run_report.peak_flops", lambda device, dtype: None)  # no MFU needed
     dataset = CharDataset(make_text(500), 16)
@@ -237,7 +238,8 @@ def small_trainer(tmp_path, monkeypatch, force_fp16=False, method="ddp"):
     env = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=CPU, backend="gloo")
     config = trainer_module.TrainerConfig(batch_size=8, data_loader_workers=0, use_amp=True,
                                           snapshot_path=str(tmp_path / "s.pt"), distributed_method=method)
-    trainer = trainer_module.Trainer(config, model, OptimizerConfig(), dataset, None, dataset.vocab, env)
+    placed = start_up.place_model(config, OptimizerConfig(), model, env)
+    trainer = trainer_module.Trainer(config, placed, dataset, None, dataset.vocab, env)
     return trainer, ids[:, :-1], ids[:, 1:]
 
 

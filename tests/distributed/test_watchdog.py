@@ -183,6 +183,7 @@ def test_a_run_with_compile_posts_its_compilations_as_the_compile_phase(world_of
     from mingpt.model import GPT, GPTConfig
     from mingpt.optimizer import OptimizerConfig
     from mingpt.reporting import flops
+    from mingpt.start_up import place_model
     from mingpt.trainer import Trainer, TrainerConfig
 
     monkeypatch.setattr(flops, "measure_cpu_peak", lambda dtype: flops.CpuPeak(1e11, clean=True))
@@ -194,7 +195,8 @@ def test_a_run_with_compile_posts_its_compilations_as_the_compile_phase(world_of
     config = TrainerConfig(compile=True, use_amp=False, data_loader_workers=0,
                            snapshot_path=str(tmp_path / "snap.pt"))
     try:
-        trainer = Trainer(config, model, OptimizerConfig(), dataset, None, dataset.vocab, world_of_one)
+        placed = place_model(config, OptimizerConfig(), model, world_of_one)
+        trainer = Trainer(config, placed, dataset, None, dataset.vocab, world_of_one)
         watch = trainer.guard.watch
         watch.at("forward", 3)
         phases = []

@@ -49,6 +49,6 @@ if __name__ == "__main__":
     if "SCALER_GROWTH_INTERVAL" in os.environ:
         torch.amp.GradScaler = FastGrowingScaler  # what parallel.grad_scaler builds, or under FSDP
         parallel.FusedShardedGradScaler = FastGrowingShardedScaler
-    # Before main.py imports the Trainer, which takes resolve_precision from this module.
+    # Before main.py imports start_up, which takes resolve_precision from this module.
     precision.resolve_precision = fp16_with_a_scaler
     runpy.run_path(str(MINGPT / "main.py"), run_name="__main__")

@@ -33,6 +33,7 @@ from mingpt.distributed.process_group import distributed_session
 from mingpt.model import GPT, GPTConfig
 from mingpt.optimizer import OptimizerConfig
 from mingpt.reporting import run_report
+from mingpt.start_up import place_model
 from mingpt.trainer import Trainer, TrainerConfig
 
 BATCH = 32
@@ -77,7 +78,8 @@ def one_step(method: str, accum: int, dataset: CharDataset, inputs, targets, env
     config = TrainerConfig(batch_size=BATCH // accum, grad_accum_steps=accum, data_loader_workers=0,
                            use_amp=False, distributed_method=method, **settings,
                            snapshot_path=f"memory://grad_sync/{saved_as.stem}/")
-    trainer = Trainer(config, model, OptimizerConfig(learning_rate=3e-3), dataset, None, dataset.vocab, env)
+    placed = place_model(config, OptimizerConfig(learning_rate=3e-3), model, env)
+    trainer = Trainer(config, placed, dataset, None, dataset.vocab, env)
     if method == "ddp":
         trainer.model.register_comm_hook(None, counter.ddp_hook)
     per_backward, saved = [], []

@@ -19,6 +19,7 @@ from mingpt.distributed.parallel import gather_full_state, is_sharded, local_par
 from mingpt.distributed.process_group import distributed_session
 from mingpt.model import GPT, GPTConfig
 from mingpt.optimizer import OptimizerConfig
+from mingpt.start_up import place_model
 from mingpt.trainer import Trainer, TrainerConfig
 
 SNAPSHOTS = "memory://probe"  # each process has its own in-memory filesystem
@@ -59,7 +60,8 @@ def probe(method: str, text_path: str, env) -> dict:
     snapshot = f"{SNAPSHOTS}/{method}/snap.pt"
     config = TrainerConfig(batch_size=16, data_loader_workers=0, use_amp=False, snapshot_path=snapshot,
                            distributed_method=method)
-    trainer = Trainer(config, model, OptimizerConfig(), train_set, test_set, dataset.vocab, env)
+    trainer = Trainer(config, place_model(config, OptimizerConfig(), model, env), train_set, test_set,
+                      dataset.vocab, env)
 
     trainer.train_loader.sampler.set_epoch(1)
     epoch_samples = [start for batch in trainer.train_loader.sampler

@@ -21,6 +21,7 @@ from mingpt.main import get_train_objs, train
 from mingpt.model import GPTConfig
 from mingpt.optimizer import OptimizerConfig
 from mingpt.run_config import TrainConfig
+from mingpt.start_up import place_model
 from mingpt.trainer import Trainer, TrainerConfig
 
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32)
@@ -47,8 +48,8 @@ def from_gpt2(method: str, text: str, folder: str, ids: torch.Tensor, out: Path,
     run = config(DataConfig(path=text, block_size=16), out / method, GPTConfig(init_from=folder),
                  max_steps=2, distributed_method=method)
     model, dataset, train_set, test_set = get_train_objs(run, env)
-    trainer = Trainer(run.trainer_config, model, run.optimizer_config, train_set, test_set, dataset.vocabulary,
-                      env)
+    placed = place_model(run.trainer_config, run.optimizer_config, model, env)
+    trainer = Trainer(run.trainer_config, placed, train_set, test_set, dataset.vocabulary, env)
     trainer.model.eval()
     with torch.no_grad():
         logits = trainer.model(ids.to(env.device))[0]
