@@ -37,7 +37,8 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Callable, Optional
 
@@ -96,7 +97,22 @@ class Seen:
     cpu_s: float = 0.0
     """Its process's CPU time at its last post."""
     busy: bool = False
-    """Whether it computed between its last two posts (a CPU rank's CPU time grew; BUSY_SHARE)."""
+    """Whether it kept computing over the last timeout (a CPU rank's CPU time grew; note_cpu)."""
+    cpu_seen: deque = field(default_factory=deque)
+    """(when heard, CPU time) of its posts over the last timeout, and of the one before them."""
+
+    def note_cpu(self, now: float, cpu_s: float, window_s: float) -> None:
+        """Its CPU time at a post just heard. Busy: it used BUSY_SHARE of a core over the last window_s,
+        the stall a verdict looks at; not merely between two posts, an interval through which a loaded
+        machine may starve a computing rank (CI: a spinning rank taken for one waiting)."""
+        seen = self.cpu_seen
+        if not seen:
+            seen.append((self.heard_at, self.cpu_s))
+        seen.append((now, cpu_s))
+        while len(seen) > 2 and seen[1][0] <= now - window_s:
+            seen.popleft()
+        since, cpu_then = seen[0]
+        self.busy, self.cpu_s = cpu_s - cpu_then >= (now - since) * BUSY_SHARE, cpu_s
 
 
 def hang_verdict(seen: dict[int, Seen], now: float, timeout_s: float) -> Optional[str]:
@@ -264,9 +280,9 @@ class RunWatchdog:
                 continue
             before.times = StepTimes(*times)
             if heartbeat != before.heartbeat:
-                busy_s = (now - before.heard_at) * BUSY_SHARE
-                before.busy = self.on_cpu and cpu_s - before.cpu_s >= busy_s
-                before.heartbeat, before.heard_at, before.cpu_s = heartbeat, now, cpu_s
+                if self.on_cpu:  # a GPU rank's host process may idle while its device computes
+                    before.note_cpu(now, cpu_s, self.timeout_s)
+                before.heartbeat, before.heard_at = heartbeat, now
             if position != before.position:
                 before.position, before.moved_at = position, now
         return self._claimed(hang_verdict(seen, now, self.timeout_s))

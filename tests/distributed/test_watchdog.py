@@ -73,6 +73,22 @@ def test_ranks_that_all_compute_or_one_that_compiles_are_not_stuck():
     assert hang_verdict(busy, now=100.0, timeout_s=TIMEOUT).startswith("rank 1 (host node1, pid 4242) has not moved")
 
 
+def test_a_rank_is_busy_by_its_share_of_a_core_over_the_timeout_not_over_one_interval():
+    """Posts every second, a 4 s timeout: a rank computing at half a core is still busy after one
+    interval a loaded machine starved it through (CI took such a rank for one waiting in a collective);
+    one that used no CPU for a whole timeout is not, whatever it did before."""
+    spinning = seen(10, "forward", heard_at=0.0)
+    for now, cpu_s in [(1, 0.5), (2, 1.0), (3, 1.5), (4, 2.0), (5, 2.0)]:  # starved from 4 to 5
+        spinning.note_cpu(now, cpu_s, window_s=4.0)
+        spinning.heard_at = now
+    assert spinning.busy
+    waiting = seen(10, "backward", heard_at=0.0)
+    for now, cpu_s in [(1, 0.9), (2, 1.8), (3, 1.8), (4, 1.8), (5, 1.8), (6, 1.8), (7, 1.8)]:
+        waiting.note_cpu(now, cpu_s, window_s=4.0)
+        waiting.heard_at = now
+    assert not waiting.busy
+
+
 # The net itself, in this process: the ranks' watchdog threads meet in a real TCPStore (as torchrun's
 # agent's), a rank stops posting, and the one that finds it says the line and ends (its os._exit
 # recorded instead), within the timeout and a few heartbeats.
