@@ -28,7 +28,7 @@ def save_final_weights(folder: str) -> None:
         original(self)
         state = {name: fault_tolerance.local_shards(tensor).detach().clone()  # under hsdp this rank's shards
                  for name, tensor in unwrap(self.model).state_dict().items()}
-        torch.save(state, Path(folder) / f"group{self.fault_tolerance.replica_group}.rank{self.env.rank}.pt")
+        torch.save(state, Path(folder) / f"group{self.replicas.settings.replica_group}.rank{self.env.rank}.pt")
 
     Trainer.train = train
 
