@@ -88,7 +88,9 @@ def torchft_installed() -> bool:
 
 
 def speaks_at_start(settings: "FaultToleranceConfig") -> bool:
-    """Whether this group is the run's voice from its start (Replicas.speaks_at_start)."""
+    """Whether this group is the run's voice from its start, until the first quorum says which group it
+    is: group 0 on a fresh start. A group that comes back after a failure is quiet until then: it heals
+    from a live group (and says so), or says how it goes on."""
     return settings.replica_group == 0 and not restarted()
 
 
@@ -192,7 +194,7 @@ class Replicas:
         """This group's Manager, joined to the lighthouse (no quorum yet: join() forms the first)."""
         replicas = cls(settings, env)
         if settings.enabled:
-            replicas._speak(replicas.speaks_at_start)
+            speak(speaks_at_start(settings), env)
             replicas._start_manager()
         return replicas
 
@@ -359,7 +361,7 @@ class Replicas:
         except Exception as error:
             raise MinGPTError(self._no_quorum(error)) from None
         before, self.members = self.members, self.process_group.members or self.members
-        self._speak(self.speaks)
+        speak(self.speaks, self.env)
         if say:
             self._say_membership(before)
         self._quorum_done_at = time.monotonic()
@@ -411,20 +413,10 @@ class Replicas:
         os.kill(os.getpid(), number)
 
     @property
-    def speaks_at_start(self) -> bool:
-        """The run's voice until the first quorum says which group it is: group 0 on a fresh start. A
-        group that comes back after a failure is quiet until then: it heals from a live group (and says
-        so), or says how it goes on."""
-        return speaks_at_start(self.settings)
-
-    @property
     def speaks(self) -> bool:
         """Whether this group is the run's voice: the lowest-numbered of the latest quorum, the one that
         writes the snapshots (before any quorum, see open)."""
         return self.snapshot_writer() == self.settings.replica_group
-
-    def _speak(self, voice: bool) -> None:
-        speak(voice, self.env)
 
     def _say(self, line: str, always: bool = False) -> None:
         """A line of the run (its voice says it), or `always`: one about this group alone."""

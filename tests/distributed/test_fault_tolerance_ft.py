@@ -337,20 +337,20 @@ def test_one_group_speaks_for_the_run_the_lowest_of_the_quorum(voice, capsys):
     group of the quorum (group 0 lost) and until group 0 is back. A membership change is said by the
     voice before it and the one after it."""
     first, second = replicas_of(0, 2), replicas_of(1, 2)
-    assert first.speaks_at_start and not second.speaks_at_start
-    second._speak(second.speaks_at_start)
+    assert fault_tolerance.speaks_at_start(first.settings) and not fault_tolerance.speaks_at_start(second.settings)
+    fault_tolerance.speak(False, second.env)
     voice.info("the run's line")
     second._say("Healed from replica group 0 at step 7", always=True)
     assert capsys.readouterr().out == "Healed from replica group 0 at step 7\n"
     second._first_quorum = False
     second.members = (1,)  # group 0 lost: group 1 is the voice
-    second._speak(second.speaks)
+    fault_tolerance.speak(second.speaks, second.env)
     second._say_membership(before=(0, 1))
     voice.info("[RANK0] Epoch 1 | Iter 40 | Train Loss 3.1")
     said = capsys.readouterr().out
     assert said.startswith("Replica group(s) 0 left at step 1: going on with 1 (1 of 2)") and "Iter 40" in said
     second.members = (0, 1)  # group 0 back: it speaks again, group 1 says it joined, then is quiet
-    second._speak(second.speaks)
+    fault_tolerance.speak(second.speaks, second.env)
     second._say_membership(before=(1,))
     voice.info("the run's line")
     assert capsys.readouterr().out.startswith("Replica group(s) 0 joined at step 1, healed from a live group")
@@ -359,12 +359,13 @@ def test_one_group_speaks_for_the_run_the_lowest_of_the_quorum(voice, capsys):
 def test_a_group_started_again_is_quiet_until_its_first_quorum(voice, monkeypatch):
     """Its start-up (the snapshot it found, or "Training model from scratch") is not said before it heals."""
     monkeypatch.setenv(fault_tolerance.RESTART_ENV, "1")
-    assert not replicas_of(0, 2).speaks_at_start
+    first = replicas_of(0, 2).settings
+    assert not fault_tolerance.speaks_at_start(first)
     monkeypatch.delenv(fault_tolerance.RESTART_ENV)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")  # torchrun's restart (sbatch_run.sh's groups)
-    assert not replicas_of(0, 2).speaks_at_start
+    assert not fault_tolerance.speaks_at_start(first)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
-    assert replicas_of(0, 2).speaks_at_start
+    assert fault_tolerance.speaks_at_start(first)
 
 
 def closed_port() -> str:
