@@ -36,14 +36,13 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Callable, Optional
 
 import psutil
-from common import REPO, RESULTS, save_json
+from common import REPO, RESULTS, save_json, scratch_folder
 
 MINGPT = REPO / "mingpt"
 STEP_LINE = re.compile(r"(\[replica \d+\] )?\[RANK0\] Epoch 1 \| Iter (\d+) \| Train Loss")
@@ -306,17 +305,16 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--ft-timeout", type=float, default=30.0, help="fault_tolerance_config.timeout_s")
     parser.add_argument("--json", type=Path, default=RESULTS / "fault_tolerance.json")
     args, args.overrides = parser.parse_known_args(argv)
-    folder = Path(tempfile.mkdtemp(prefix="bench-ft-"))
-    print(f"logs in {folder}", flush=True)
     # A part measured alone replaces its own figures in the file and keeps the other's.
     figures = json.loads(args.json.read_text()) if args.json.exists() and args.part != "both" else {}
     figures[f"settings_{args.part}"] = {key: str(value) for key, value in vars(args).items()}
-    if args.part in ("overhead", "both"):
-        figures["overhead"] = overhead(args, folder)
-    if args.part in ("failure", "both"):
-        figures["failure"] = {mode: failure(args, folder, mode) for mode in ("elastic", "ft")}
-    if args.part == "own":
-        figures["own_failures"] = own_failures(args, folder)
+    with scratch_folder("bench-ft-") as folder:
+        if args.part in ("overhead", "both"):
+            figures["overhead"] = overhead(args, folder)
+        if args.part in ("failure", "both"):
+            figures["failure"] = {mode: failure(args, folder, mode) for mode in ("elastic", "ft")}
+        if args.part == "own":
+            figures["own_failures"] = own_failures(args, folder)
     save_json(args.json, figures)
 
 

@@ -46,12 +46,11 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Optional
 
-from common import REPO, RESULTS, save_json
+from common import REPO, RESULTS, save_json, scratch_folder
 
 EVAL_LINE = re.compile(r"\| Step (\d+) \| Eval Loss ([\d.]+)")
 TARGET_SPEEDUP = 1.2
@@ -193,20 +192,21 @@ def end_phase(args: argparse.Namespace) -> None:
     path = args.json if args.json != RESULTS / "muon.json" else RESULTS / f"muon_end_{args.recipe}.json"
     saved = json.loads(path.read_text()) if path.exists() else {}
     runs = saved.get("runs", {})
-    folder = Path(tempfile.mkdtemp(prefix="bench-muon-end-"))
-    for label in args.runs:
-        if label in runs and not args.again:
-            continue
-        name, _, settings = label.partition(":")
-        extra = [f"optimizer_config.name={name}",
-                 *(f"trainer_config.max_{setting}" if setting.startswith("steps=") else f"optimizer_config.{setting}"
-                   for setting in settings.split(",") if setting)]
-        result = {**run_to_the_end(recipe, extra, args.eval_every, folder, args.threads), "load_note": args.load_note}
-        # Read again before writing: another sweep may share the file (each run is minutes to an hour).
-        runs = json.loads(path.read_text()).get("runs", {}) if path.exists() else {}
-        runs[label] = result
-        save_json(path, {"recipe": {**recipe, "name": args.recipe}, "runs": runs,
-                         "verdict": end_verdict(runs, recipe["steps"])})
+    with scratch_folder("bench-muon-end-") as folder:
+        for label in args.runs:
+            if label in runs and not args.again:
+                continue
+            name, _, settings = label.partition(":")
+            extra = [f"optimizer_config.name={name}",
+                     *(f"trainer_config.max_{setting}" if setting.startswith("steps=")
+                       else f"optimizer_config.{setting}" for setting in settings.split(",") if setting)]
+            result = {**run_to_the_end(recipe, extra, args.eval_every, folder, args.threads),
+                      "load_note": args.load_note}
+            # Read again before writing: another sweep may share the file (each run is minutes to an hour).
+            runs = json.loads(path.read_text()).get("runs", {}) if path.exists() else {}
+            runs[label] = result
+            save_json(path, {"recipe": {**recipe, "name": args.recipe}, "runs": runs,
+                             "verdict": end_verdict(runs, recipe["steps"])})
     print(json.dumps(end_verdict(runs, recipe["steps"]), indent=1))
 
 
@@ -323,19 +323,19 @@ def main() -> None:
     if args.phase == "end":
         end_phase(args)
         return
-    folder = Path(tempfile.mkdtemp(prefix="bench-muon-"))
-    run = functools.partial(time_to_target, target=args.target, max_steps=args.max_steps,
-                            eval_every=args.eval_every, folder=folder)
-    settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
-    if args.phase == "time":
-        swept = json.loads(args.json.read_text())["sweep"]
-    else:
-        swept = sweep(args, run)
-        save_json(args.json, {"settings": settings, "sweep": swept})
-    if args.phase == "sweep":
-        return
-    timed = {name: run(swept[f"{name}_best"]["overrides"]) if swept[f"{name}_best"] else None
-             for name in ("adamw", "muon")}
+    with scratch_folder("bench-muon-") as folder:
+        run = functools.partial(time_to_target, target=args.target, max_steps=args.max_steps,
+                                eval_every=args.eval_every, folder=folder)
+        settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
+        if args.phase == "time":
+            swept = json.loads(args.json.read_text())["sweep"]
+        else:
+            swept = sweep(args, run)
+            save_json(args.json, {"settings": settings, "sweep": swept})
+        if args.phase == "sweep":
+            return
+        timed = {name: run(swept[f"{name}_best"]["overrides"]) if swept[f"{name}_best"] else None
+                 for name in ("adamw", "muon")}
     speedup = timed["adamw"]["seconds"] / timed["muon"]["seconds"] if all(
         row and row["seconds"] for row in timed.values()) else None
     verdict = {"target_loss": args.target, "adamw": timed["adamw"], "muon": timed["muon"], "speedup": speedup,

@@ -4,6 +4,7 @@ import ctypes
 import json
 import os
 import platform
+import shutil
 import string
 import subprocess
 import sys
@@ -56,7 +57,7 @@ def benchmark_trainer(env: DistEnv, n_layer: int, n_head: int, n_embd: int, bloc
     destroyed, sometimes hung the worker as it returned (seen about once in 12 DDP runs under load)."""
     dataset = dataset or synthetic_dataset(block_size)
     torch.manual_seed(0)  # dropout
-    with torch.device("meta"):  # as main.py builds it: the Trainer allocates (under FSDP, shards only)
+    with torch.device("meta"):  # as main.py builds it: place_model allocates (under FSDP, shards only)
         model = GPT(GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd,
                               vocab_size=dataset.vocab_size, block_size=block_size))
     with tempfile.TemporaryDirectory() as scratch:
@@ -68,7 +69,7 @@ def benchmark_trainer(env: DistEnv, n_layer: int, n_head: int, n_embd: int, bloc
         try:
             yield trainer
         finally:
-            trainer.model = trainer.optimizer = None
+            trainer.model = trainer.optimizer = trainer.placed = None
 
 
 def timed_steps(trainer: Trainer, warmup: int, steps: int, before_timing=lambda: None) -> float:
@@ -181,6 +182,19 @@ def machine() -> dict:
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
+
+
+@contextmanager
+def scratch_folder(prefix: str) -> Iterator[Path]:
+    """A temporary folder for a benchmark's runs: removed once the benchmark has its figures, kept
+    (and named) when it fails, for the runs' logs."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield folder
+    except BaseException:
+        print(f"the runs' files are kept in {folder}", file=sys.stderr, flush=True)
+        raise
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def save_json(path: Path, payload: dict) -> None:
