@@ -8,8 +8,8 @@ The model arrives placed for the configured method with its optimizer (start_up.
 rank holds only its shards under FSDP), where the original wrapped it in DDP here. The Trainer keeps
 the loop, evaluation and the phases of a step; snapshots are the Checkpointer's
 (storage/checkpointer.py), and decisions every rank takes at one step (a stop signal, a snapshot
-timer) come from control.py. A resumed run continues with the next
-unseen sample of the epoch's global order, exactly as the unbroken run at the same world size.
+timer) come from control.py. A resumed run continues with the next unseen sample of the epoch's
+global order, exactly as the unbroken run at the same world size.
 """
 import signal
 from dataclasses import dataclass
@@ -143,8 +143,9 @@ class Trainer:
         self.test_loader = self._prepare_dataloader(test_dataset, train=False) if test_dataset else None
         self.hellaswag = hellaswag_eval.for_run(config.hellaswag_path, vocab, self.block_size,
                                                 config.hellaswag_items)
-        replicas = self.replicas.settings
-        self.checkpointer = Checkpointer(config.snapshot_policy(replicas), env, vocab, sample_order, lease)
+        fault_tolerance = self.replicas.settings
+        self.checkpointer = Checkpointer(config.snapshot_policy(fault_tolerance), env, vocab, sample_order,
+                                         lease)
         self.guard = RunGuard(config, env, self.checkpointer.folder, self.checkpointer.kept,
                               compiled=config.compile, scaled=self.scaler.is_enabled(),
                               save_every_minutes=config.save_every_minutes)
@@ -156,9 +157,9 @@ class Trainer:
         self.replicas.keep(self.model, self.optimizer, self.scaler, self.progress)  # what a joining group heals
         self.steps_per_epoch = len(self.train_loader)
         self.total_steps = self._planned_steps()
-        self.report = RunReport.open(config.report_settings(replicas), env, self.precision.matmul_dtype,
-                                     parallel.unwrap(self.model).flops_per_token(), self.total_steps,
-                                     self.progress.step, watch.rank_times)
+        self.report = RunReport.open(config.report_settings(fault_tolerance), env,
+                                     self.precision.matmul_dtype, parallel.unwrap(self.model).flops_per_token(),
+                                     self.total_steps, self.progress.step, watch.rank_times)
         self.step_estimate_s = self.report.monitor.step_estimate_s(config.step_samples() * self.block_size)
         """A step's time before any is measured (rank 0's, who warns; 0: unknown)."""
         watch.check_timeout(self.step_estimate_s)
