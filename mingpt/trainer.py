@@ -100,8 +100,8 @@ class TrainerConfig(ParallelKeys, SnapshotKeys, WatchKeys, ReportKeys, HellaSwag
 
     def placement(self, world_size: int, ranks_per_node: int, device_type: str,
                   compute_dtype: Optional[torch.dtype], optimizer: str = "adamw") -> Placement:
-        """How this run spreads its training state over a world: what the Trainer checks at start-up
-        and plan.py plans, from the same keys."""
+        """How this run spreads its training state over a world: what the start-up checks
+        (start_up.place_model) and plan.py plans, from the same keys."""
         return Placement(self.distributed_method, world_size, ranks_per_node, device_type, compute_dtype,
                          self.cpu_offload, self.reshard_after_forward, self.grad_accum_steps,
                          self.snapshot_format if self.async_snapshots else None, optimizer)

@@ -1,5 +1,5 @@
 """Will a run fit? One model of what each rank holds at the peak of a training step, used alike by
-the start-up check (the Trainer refuses a run that cannot fit before anything is allocated) and by
+the start-up check (start_up.place_model refuses a run that cannot fit before anything is allocated) and by
 the planner (plan.py), so that the two never disagree.
 
 What a step holds comes from the project's own step, traced on tensors without memory
