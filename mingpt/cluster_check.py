@@ -54,7 +54,7 @@ from mingpt.planning.memory import (
     simulating,
 )
 from mingpt.run_config import TrainConfig
-from mingpt.start_up import start_trainer, train_objects
+from mingpt.start_up import placement_of, start_trainer, train_objects
 from mingpt.storage.sharded_store import rank_share
 from mingpt.tokens.permutation import BlockOrder
 from mingpt.trainer import Trainer
@@ -196,7 +196,7 @@ def step_and_measure(config: TrainConfig, cluster: CheckedCluster, trainer: Trai
     # carries it, as the planner's does.
     passes = max(memory.peaks.get("forward", 0), memory.peaks.get("backward", 0))
     step_peak = before + max(passes + held.optimizer, memory.peaks.get("optimizer", 0))
-    placement = tc.placement(env.world_size, env.local_world_size, "cpu", trainer.precision.amp_dtype,
+    placement = placement_of(tc, env.world_size, env.local_world_size, "cpu", trainer.precision.amp_dtype,
                              config.optimizer_config.name)
     model_config = unwrap(trainer.model).config
     state = rank_state(model_config, placement, env.rank)

@@ -29,6 +29,7 @@ from mingpt.planning.memory import SimulatedDevice, host_memory_available
 from mingpt.planning.step_time import Cluster
 from mingpt.reporting.flops import GPU_PEAKS, cpu_peak_flops
 from mingpt.run_config import CONFIG_NAME_HELP, DEFAULT_CONFIG, from_command_line
+from mingpt.start_up import placement_of
 
 CONFIG_DIR = Path(__file__).resolve().parent
 GPU_RESERVE = 10**9
@@ -173,7 +174,7 @@ def make_setting(config, options: ClusterOptions, vocab_size: int) -> Setting:
     dtype = compute_dtype(config, device_type)
     model = replace(config.gpt_config, vocab_size=vocab_size, block_size=config.data_config.block_size)
     cluster = build_cluster(options, dtype)
-    placement = tc.placement(cluster.world_size, cluster.ranks_per_node, device_type, dtype,
+    placement = placement_of(tc, cluster.world_size, cluster.ranks_per_node, device_type, dtype,
                              config.optimizer_config.name)
     return Setting(model, tc.batch_size, placement, tc.activation_checkpointing, cluster, options.efficiency)
 

@@ -31,6 +31,7 @@ from mingpt.distributed.precision import resolve_precision
 from mingpt.distributed.process_group import DistEnv, barrier
 from mingpt.model import GPT
 from mingpt.optimizer import OptimizerConfig
+from mingpt.planning.memory import Placement
 from mingpt.planning.placement import PlacedModel, place
 from mingpt.run_config import TrainConfig
 from mingpt.storage.gpt2_folder import open_folder
@@ -110,10 +111,19 @@ def place_model(config: TrainerConfig, optimizer_config: OptimizerConfig, model:
     optimizer, grad scaler and autocast (planning/placement.py); a run of one replica group unless
     `replicas` says otherwise."""
     precision = resolve_precision(config.use_amp, config.amp_dtype, env.device)
-    placement = config.placement(env.world_size, env.local_world_size, env.device.type, precision.amp_dtype,
-                                 optimizer_config.name)
+    placement = placement_of(config, env.world_size, env.local_world_size, env.device.type, precision.amp_dtype,
+                             optimizer_config.name)
     replicas = replicas or Replicas.open(FaultToleranceConfig(), env)
     return place(model, placement, precision, config, config.batch_size, optimizer_config, env, replicas)
+
+
+def placement_of(config: TrainerConfig, world_size: int, ranks_per_node: int, device_type: str,
+                 compute_dtype: Optional[torch.dtype], optimizer: str = "adamw") -> Placement:
+    """How a run spreads its training state over a world: what the start-up checks (place_model)
+    and plan.py plans, from the same keys."""
+    return Placement(config.distributed_method, world_size, ranks_per_node, device_type, compute_dtype,
+                     config.cpu_offload, config.reshard_after_forward, config.grad_accum_steps,
+                     config.snapshot_format if config.async_snapshots else None, optimizer)
 
 
 def run_summary(trainer: Trainer, data: str) -> list[str]:

@@ -4,16 +4,16 @@ The original's trainer.py, its landmarks where they were: TrainerConfig, Snapsho
 _prepare_dataloader, _load_snapshot, _run_batch, _run_epoch, _save_snapshot and train; its
 upload_to_s3 is storage/snapshot.py's write_snapshot, for any fsspec URL.
 
-The model arrives placed for the configured method with its optimizer (start_up.place_model: each
-rank holds only its shards under FSDP), where the original wrapped it in DDP here. The Trainer keeps
-the loop, evaluation and the phases of a step; snapshots are the Checkpointer's
-(storage/checkpointer.py), and decisions every rank takes at one step (a stop signal, a snapshot
-timer) come from control.py. A resumed run continues with the next unseen sample of the epoch's
-global order, exactly as the unbroken run at the same world size.
+The model arrives placed, with its optimizer (start_up.place_model), where the original wrapped it
+in DDP here. The Trainer keeps the loop, evaluation and the phases of a step; snapshots are the
+Checkpointer's (storage/checkpointer.py), what the run says the RunReport's (reporting/run_report.py),
+and the decisions every rank takes at one step (a stop, a divergence, a snapshot timer) the RunGuard's
+(distributed/guard.py). A resumed run goes on with the next unseen sample of the epoch's global order.
 """
 import signal
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -27,7 +27,6 @@ from mingpt.distributed.guard import RunGuard, WatchKeys
 from mingpt.distributed.parallel import ParallelKeys
 from mingpt.distributed.process_group import DistEnv, all_reduce_sum
 from mingpt.optimizer import learning_rate_at, set_learning_rate
-from mingpt.planning.memory import Placement
 from mingpt.planning.placement import PlacedModel
 from mingpt.reporting import hellaswag_eval
 from mingpt.reporting.hellaswag_eval import HellaSwagKeys
@@ -77,10 +76,9 @@ class TrainerConfig(ParallelKeys, SnapshotKeys, WatchKeys, ReportKeys, HellaSwag
     eval_every_steps: int = 0
     """Evaluate every this many optimizer steps instead of at the end of each epoch (0: at epochs)."""
     eval_batches: int = 100
-    """Evaluate on at most this many batches per rank, the same ones at every evaluation (0: the whole
-    test split, however large). A split that fits is evaluated whole; a larger one is bounded as nanoGPT's
-    eval_iters bounds its own (tokens/data_loader.py's rank_loader says how). 100: the default run's 26 test
-    batches whole, and FineWeb's 100M-token val_path in the time of about 33 training steps, not hours."""
+    """Evaluate on at most this many batches per rank, the same ones every time (0: the whole test split,
+    however large), as nanoGPT's eval_iters (tokens/data_loader.py's rank_loader). 100: the default run's
+    26 test batches whole; FineWeb's 100M-token val_path in the time of about 33 training steps."""
 
     def __post_init__(self) -> None:
         super().__post_init__()  # each group's own keys
@@ -97,14 +95,6 @@ class TrainerConfig(ParallelKeys, SnapshotKeys, WatchKeys, ReportKeys, HellaSwag
         """The samples of one optimizer step over world_size ranks (one: a rank's; the run's world: the
         global batch), the one place it is counted."""
         return self.batch_size * self.grad_accum_steps * world_size
-
-    def placement(self, world_size: int, ranks_per_node: int, device_type: str,
-                  compute_dtype: Optional[torch.dtype], optimizer: str = "adamw") -> Placement:
-        """How this run spreads its training state over a world: what the start-up checks
-        (start_up.place_model) and plan.py plans, from the same keys."""
-        return Placement(self.distributed_method, world_size, ranks_per_node, device_type, compute_dtype,
-                         self.cpu_offload, self.reshard_after_forward, self.grad_accum_steps,
-                         self.snapshot_format if self.async_snapshots else None, optimizer)
 
     def report_settings(self, replicas: FaultToleranceConfig) -> ReportSettings:
         path = self.metrics_path or default_metrics_path(self.snapshot_path)
@@ -202,10 +192,8 @@ class Trainer:
                     if self.progress.finished_epoch == epoch:
                         self._end_epoch(epoch)
                 self._end_run()
-            except control.StopRequested as stop:
-                self._stopped_at_once(stop.number)
-            except RuntimeError as error:  # torch.distributed's errors are RuntimeErrors
-                number = self.guard.stopped_with_peer(error)
+            except (control.StopRequested, RuntimeError) as error:  # torch.distributed's are RuntimeErrors
+                number = self.guard.stop_signal_of(error)
                 if not number:
                     raise
                 self._stopped_at_once(number)
@@ -294,7 +282,6 @@ class Trainer:
         step = self.progress.step
         if self.config.eval_every_steps and step % self.config.eval_every_steps == 0 and self.test_loader:
             self.evaluate(epoch)
-            self.report.pause()
         self.score_hellaswag(epoch)
 
     def _stop_if_asked(self, abandoned: str = "") -> None:
@@ -389,41 +376,42 @@ class Trainer:
         DistributedSampler pads the last round with repeated samples so that every rank gets the
         same count: up to world_size - 1 samples are counted twice.
         """
-        self.model.eval()
         totals = torch.zeros(2, device=self.env.device)  # sum of sample losses, sample count
-        for iteration, batch in enumerate(self.test_loader):
-            self.guard.at("evaluation", self.progress.step, iteration)
-            self._stop_if_asked("evaluation")
-            inputs, targets = self.to_device(batch)
-            loss = self.compute_loss(inputs, targets)
-            totals[0] += loss.float() * len(inputs)
-            totals[1] += len(inputs)
-            self.report.loss_line("Eval", epoch, iteration, loss)
-        loss_sum, count = all_reduce_sum(totals)
+        with self._evaluating("evaluation") as at:
+            for iteration, batch in enumerate(self.test_loader):
+                at(iteration)
+                inputs, targets = self.to_device(batch)
+                loss = self.compute_loss(inputs, targets)
+                totals[0] += loss.float() * len(inputs)
+                totals[1] += len(inputs)
+                self.report.loss_line("Eval", epoch, iteration, loss)
+            loss_sum, count = all_reduce_sum(totals)
         mean_loss = loss_sum / count
         self.report.evaluation(epoch, self.progress, mean_loss, int(count), self.env.world_size)
-        self.model.train()
         return mean_loss.item()
 
     @torch.no_grad()
     def score_hellaswag(self, epoch: int, run_ended: bool = False) -> None:
         """HellaSwag's accuracy of this step's weights, when due (every hellaswag_every_steps steps, and
         at the run's last step), each rank scoring its share of the items (reporting/hellaswag_eval.py)."""
-        step, every = self.progress.step, self.config.hellaswag_every_steps
-        due = self.report.hellaswag_at != step if run_ended else every and step % every == 0
-        if self.hellaswag is None or not due:
+        if not self.config.hellaswag_due(self.progress.step, self.report.hellaswag_at, run_ended):
             return
-        self.model.eval()
         env = self.env
+        with self._evaluating("HellaSwag scoring") as at, self.placed.autocast():
+            score = self.hellaswag.score(lambda ids: self.model(ids)[0], env.device, env.rank, env.world_size, at)
+        self.report.hellaswag(epoch, self.progress, score, env.world_size)
+
+    @contextmanager
+    def _evaluating(self, what: str) -> Iterator[Callable[[int], None]]:
+        """Dropout off for an evaluation of this step's weights; each of its batches a point where the
+        hang watchdog sees it and a stop lands (abandoning `what`). Its time is not training's."""
+        self.model.eval()
 
         def at(batch: int) -> None:
-            self.guard.at("evaluation", step, batch)
-            self._stop_if_asked("HellaSwag scoring")
+            self.guard.at("evaluation", self.progress.step, batch)
+            self._stop_if_asked(what)
 
-        with self.placed.autocast():
-            score = self.hellaswag.score(lambda ids: self.model(ids)[0], env.device, env.rank,
-                                         env.world_size, at)
-        self.report.hellaswag(epoch, self.progress, score, self.env.world_size)
+        yield at
         self.model.train()
         self.report.pause()
 

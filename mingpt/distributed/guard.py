@@ -10,7 +10,7 @@ from typing import Callable, Optional
 import torch
 
 from mingpt.common.errors import check, check_not_negative, check_positive
-from mingpt.distributed.control import Decision, StepAgreement, check_signal_names
+from mingpt.distributed.control import Decision, StepAgreement, StopRequested, check_signal_names
 from mingpt.distributed.divergence import DivergenceWatch, Health, SpikeRule
 from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, first_said, peer_failure
 from mingpt.distributed.stragglers import StepClock
@@ -121,10 +121,13 @@ class RunGuard:
         signals = self.agreement.signals
         signals.at_once, signals.kept = loses_nothing, kept
 
-    def stopped_with_peer(self, error: BaseException) -> int:
-        """The stop signal (0: none) that explains a failed collective: this rank was asked to stop,
-        but had a step under way, while a peer asked at the same time had none (at_once) and left. The
-        peer lost nothing and neither does this rank: both stop from the last snapshot written."""
+    def stop_signal_of(self, error: BaseException) -> int:
+        """The stop signal (0: none) that ended training with error: a stop at once (StopRequested), or
+        a failed collective it explains: this rank was asked to stop, but had a step under way, while
+        a peer asked at the same time had none (at_once) and left. The peer lost nothing and neither
+        does this rank: both stop from the last snapshot written."""
+        if isinstance(error, StopRequested):
+            return error.number
         requested = self.agreement.signals.requested if self.agreement is not None else 0
         if requested and peer_failure(error, self._collective_timeout_s) is not None:
             return requested

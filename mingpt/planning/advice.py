@@ -47,7 +47,7 @@ class Row:
 
 @dataclass(frozen=True)
 class Setting:
-    """The run as main.py would start it (its placement: TrainerConfig.placement, as the Trainer's),
+    """The run as main.py would start it (its placement: start_up.placement_of, as the start-up checks it),
     and the cluster it would run on."""
 
     model: GPTConfig

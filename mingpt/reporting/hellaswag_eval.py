@@ -265,6 +265,14 @@ class HellaSwagKeys:
         if chained is not None:
             chained()
 
+    def hellaswag_due(self, step: int, scored_at: Optional[int], run_ended: bool = False) -> bool:
+        """Whether step's weights are scored: every hellaswag_every_steps-th step, and the run's last
+        step unless it was scored already (scored_at: the last step scored)."""
+        if self.hellaswag_path is None:
+            return False
+        every = self.hellaswag_every_steps
+        return scored_at != step if run_ended else bool(every) and step % every == 0
+
 
 def for_run(path: Optional[str], vocab: Sequence[str], block_size: int, limit: int) -> Optional[HellaSwag]:
     """The Trainer's items (trainer_config.hellaswag_path; None: off), read by every rank alike and

@@ -69,10 +69,11 @@ def test_a_collective_failed_by_a_peer_that_stopped_at_once_is_this_ranks_stop_t
     lost_peer = RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:29500")
     with guard_of(world_of_one, tmp_path, ("SIGUSR1",)) as guard:
         guard.stop_at_once_when(lambda: False, lambda: "the last snapshot is kept")  # a step under way
-        assert guard.stopped_with_peer(lost_peer) == 0  # no signal yet: the peer's failure is the run's
+        assert guard.stop_signal_of(lost_peer) == 0  # no signal yet: the peer's failure is the run's
         os.kill(os.getpid(), signal.SIGUSR1)
-        assert guard.stopped_with_peer(lost_peer) == signal.SIGUSR1
-        assert guard.stopped_with_peer(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) == 0
+        assert guard.stop_signal_of(lost_peer) == signal.SIGUSR1
+        assert guard.stop_signal_of(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) == 0
+        assert guard.stop_signal_of(StopRequested(signal.SIGTERM)) == signal.SIGTERM  # a stop at once: its own
 
 
 def test_a_step_that_is_not_finite_is_the_decision_a_step_later(world_of_one, tmp_path):

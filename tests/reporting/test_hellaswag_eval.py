@@ -162,3 +162,13 @@ def test_a_missing_file_says_where_hellaswag_comes_from(tmp_path):
                                         r"HellaSwag's validation file from https://github.com/rowanz/"
                                         r"hellaswag \(data/hellaswag_val.jsonl\)"):
         read(str(tmp_path / "nothing.jsonl"), Vocabulary(list("a ")), 8, key="trainer_config.hellaswag_path")
+
+
+def test_scoring_is_due_at_its_cadence_and_once_at_the_runs_last_step():
+    keys = hellaswag_eval.HellaSwagKeys(hellaswag_path="hellaswag_val.jsonl", hellaswag_every_steps=50)
+    assert [step for step in range(1, 151) if keys.hellaswag_due(step, scored_at=None)] == [50, 100, 150]
+    assert keys.hellaswag_due(173, scored_at=150, run_ended=True)
+    assert not keys.hellaswag_due(150, scored_at=150, run_ended=True)  # its last step scored at the cadence
+    assert [step for step in range(1, 151) if hellaswag_eval.HellaSwagKeys(hellaswag_path="h.jsonl")
+            .hellaswag_due(step, scored_at=None)] == []  # every 0: the last step only
+    assert not hellaswag_eval.HellaSwagKeys().hellaswag_due(150, scored_at=None, run_ended=True)  # off
