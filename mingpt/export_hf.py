@@ -30,7 +30,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from mingpt.common.errors import MinGPTError, OneLineArgumentParser, SnapshotError, command
 from mingpt.model import VOCABULARY_WEIGHTS
 from mingpt.storage.gpt2_folder import HF_ACTIVATIONS, LAYER_NORM_EPS, gpt2_entry
-from mingpt.storage.snapshot import Snapshot, snapshot_at
+from mingpt.storage.saved_model import snapshot_at
+from mingpt.storage.snapshot import Snapshot
 from mingpt.tokens.tokenizer import END_OF_TEXT, Vocabulary
 
 
@@ -72,7 +73,7 @@ def character_tokenizer(vocab: list[str]) -> Tokenizer:
 
 
 def read_any(path: str) -> Snapshot:
-    """The snapshot at path, whatever the run wrote (snapshot.snapshot_at)."""
+    """The snapshot at path, whatever the run wrote (saved_model.snapshot_at)."""
     snapshot, _ = snapshot_at(path, key="SNAPSHOT")
     if snapshot is None:
         raise SnapshotError(f"no snapshot at {path}: give a snapshot file, a run's snapshot folder or a "

@@ -186,6 +186,56 @@ def test_no_command_imports_another():
     assert command_imports(MINGPT) == [], "commands imported by other modules of mingpt"
 
 
+def module_graph(mingpt) -> dict[str, set[str]]:
+    """Each module of mingpt and the modules of mingpt it imports, at its top or inside a function
+    (an imported name counts as its module's import)."""
+    modules = {module_name(path, mingpt) for path in mingpt.rglob("*.py")}
+
+    def module_of(name: str) -> Optional[str]:
+        while name and name not in modules and f"{name}.__init__" not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    return {module_name(path, mingpt): {found for found in map(module_of, project_imports(path, mingpt))
+                                        if found and not found.endswith("__init__")}
+            for path in sorted(mingpt.rglob("*.py"))}
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other round a circle (strongly connected, more than one)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for imported in graph.get(module, ()):
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            group = []
+            while not group or group[-1] != module:
+                group.append(stack.pop())
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return circles
+
+
+def test_no_modules_import_each_other_round_a_circle():
+    """Within a layer too, and with imports inside functions: a lower module that reaches up for one
+    function (snapshot.py once took sharded_store's read_whole) ties its layer's modules into one."""
+    assert import_circles(module_graph(MINGPT)) == []
+
+
 def documented_layers() -> list[tuple[int, str, set[str]]]:
     """docs/ARCHITECTURE.md's table of layers: each row's layer, package and what it imports."""
     text = (REPO / "docs" / "ARCHITECTURE.md").read_text()

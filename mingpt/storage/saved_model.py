@@ -3,23 +3,40 @@ Hugging Face GPT-2 folder, with the Vocabulary its text is read and written with
 
 The commands that run a saved model (generate.py, hellaswag.py) share this: a command never imports
 another. Nothing here needs a process group (no FSDP is loaded): a sharded snapshot is read whole in
-this process (snapshot.snapshot_at), and a folder's weights are read as gpt_config.init_from reads
+this process (snapshot_at), and a folder's weights are read as gpt_config.init_from reads
 them (gpt2_folder.py), so the model is the one training would have started from.
 """
+from typing import Optional
+
 import torch
 
 from mingpt.common.errors import ConfigError, MinGPTError, SnapshotError, short_reason
+from mingpt.common.files import is_file
 from mingpt.model import GPT, GPTConfig
 from mingpt.storage import gpt2_folder
-from mingpt.storage.snapshot import Snapshot, snapshot_at
+from mingpt.storage.snapshot import Snapshot, newest_snapshot, read_snapshot, sharded_snapshot_at
 from mingpt.tokens.tokenizer import Vocabulary, read_tokenizer_file
 
 SNAPSHOT_OPTION = "--snapshot"
 """What the commands call the snapshot they read: error messages name it."""
 
 
+def snapshot_at(path: str, key: str) -> tuple[Optional[Snapshot], Optional[str]]:
+    """For the commands that read a snapshot a user names (key: the option naming it), whatever the
+    run wrote: any file, whatever its name; a sharded_<step> folder, or a run folder of those (its
+    newest complete one); a folder of snapshot_<step>.pt files (its newest). (None, None): none."""
+    if is_file(path):
+        return read_snapshot(path, key=key), path
+    sharded = sharded_snapshot_at(path, key)
+    if sharded is not None:
+        from mingpt.storage.sharded_store import read_whole  # DCP: loaded for a sharded snapshot only
+
+        return read_whole(sharded), sharded
+    return newest_snapshot(path, key=key)
+
+
 def find_snapshot(path: str) -> tuple[Snapshot, str]:
-    """The snapshot at path (snapshot.snapshot_at: a file, a run's folder, a sharded snapshot) and where
+    """The snapshot at path (snapshot_at: a file, a run's folder, a sharded snapshot) and where
     it is."""
     try:
         snapshot, found = snapshot_at(path, key=SNAPSHOT_OPTION)

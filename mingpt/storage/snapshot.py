@@ -266,20 +266,6 @@ def snapshot_folder(path: str) -> str:
     return path.rstrip("/") if is_folder(path) else files.parent_folder(path)
 
 
-def snapshot_at(path: str, key: str) -> tuple[Optional[Snapshot], Optional[str]]:
-    """For the commands that read a snapshot a user names (key: the option naming it), whatever the
-    run wrote: any file, whatever its name; a sharded_<step> folder, or a run folder of those (its
-    newest complete one); a folder of snapshot_<step>.pt files (its newest). (None, None): none."""
-    if files.is_file(path):
-        return read_snapshot(path, key=key), path
-    sharded = sharded_snapshot_at(path, key)
-    if sharded is not None:
-        from mingpt.storage.sharded_store import read_whole  # DCP: loaded for a sharded snapshot only
-
-        return read_whole(sharded), sharded
-    return newest_snapshot(path, key=key)
-
-
 def sharded_snapshot_at(path: str, key: str = TRAINING_KEY) -> Optional[str]:
     """A complete sharded snapshot's folder: path itself, or the newest in a run folder at path."""
     path = path.rstrip("/")
