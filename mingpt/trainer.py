@@ -146,7 +146,9 @@ class Trainer:
         self.progress = self._load_snapshot()
         self.replicas.keep(self.model, self.optimizer, self.scaler, self.progress)  # what a joining group heals
         self.steps_per_epoch = len(self.train_loader)
-        self.total_steps = self._planned_steps()
+        self.total_steps = config.max_steps or self.progress.step + self.train_loader.sampler.steps_left(
+            self.progress.finished_epoch, self.progress.epoch_samples, config.max_epochs)
+        """The run's length in optimizer steps: the learning-rate schedule's horizon and the ETA's."""
         self.report = RunReport.open(config.report_settings(fault_tolerance), env,
                                      self.precision.matmul_dtype, parallel.unwrap(self.model).flops_per_token(),
                                      self.total_steps, self.progress.step, watch.rank_times)
@@ -217,19 +219,6 @@ class Trainer:
         if self.config.max_steps:
             return self.progress.step >= self.config.max_steps
         return self.progress.finished_epoch >= self.config.max_epochs
-
-    def _planned_steps(self) -> int:
-        """The run's length in optimizer steps: the LR schedule's horizon and the ETA's.
-
-        From the current position at the current world size, so that a run resumed at another one
-        still ends its schedule on its last step."""
-        if self.config.max_steps:
-            return self.config.max_steps
-        in_epoch = self.progress.finished_epoch < self.config.max_epochs
-        sampler = self.train_loader.sampler
-        rest_of_epoch = sampler.batches(start=self.progress.epoch_samples) if in_epoch else 0
-        later_epochs = max(self.config.max_epochs - self.progress.finished_epoch - 1, 0)
-        return self.progress.step + rest_of_epoch + later_epochs * self.steps_per_epoch
 
     def to_device(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
         return batch_on(self.env.device, batch)

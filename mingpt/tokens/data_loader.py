@@ -63,6 +63,14 @@ class GlobalOrderSampler(Sampler[torch.Tensor]):
         """Batches each rank takes in a pass from global position `start` on."""
         return -(-self.positions_per_rank(start) // self.batch_size)
 
+    def steps_left(self, finished_epoch: int, epoch_samples: int, max_epochs: int) -> int:
+        """The optimizer steps (batches) each rank has left until max_epochs are done, from the current
+        position at the current world size: a run resumed at another ends its schedule on its last step.
+        finished_epoch: the epochs done; epoch_samples: the samples taken of the next one."""
+        in_epoch = finished_epoch < max_epochs
+        later_epochs = max(max_epochs - finished_epoch - 1, 0)
+        return (self.batches(start=epoch_samples) if in_epoch else 0) + later_epochs * self.batches()
+
     def __len__(self) -> int:
         return self.batches(self.start)
 

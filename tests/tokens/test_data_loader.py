@@ -86,6 +86,15 @@ def test_resumed_at_another_world_size_every_sample_is_trained_once():
     assert global_order(rest) == order[200:]
 
 
+def test_the_steps_left_count_the_rest_of_the_epoch_at_the_world_size_resumed_at():
+    """The schedule's horizon after a resume at another world size: the rest of the open epoch at the
+    new one, then whole epochs; none left once max_epochs are done."""
+    resumed = GlobalOrderSampler(1200, batch_size=40, env=env(0, 4), shuffle=True, seed=7)  # 160 a step
+    assert resumed.steps_left(finished_epoch=0, epoch_samples=200, max_epochs=3) == 7 + 2 * 8  # 1,000 left: 7
+    assert resumed.steps_left(finished_epoch=1, epoch_samples=0, max_epochs=3) == 2 * 8
+    assert resumed.steps_left(finished_epoch=3, epoch_samples=0, max_epochs=3) == 0
+
+
 def test_an_eval_subset_is_fixed_and_unshuffled_passes_keep_the_split_order():
     subset = rank_batches(500, batch_size=10, world_size=2, limit=60, epoch=0)
     again = rank_batches(500, batch_size=10, world_size=2, limit=60, epoch=0)
