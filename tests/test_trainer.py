@@ -160,6 +160,14 @@ def test_snapshots_every_n_minutes_keep_their_cadence(train, tmp_path):
     assert min(gaps) < interval_s + 1.0, gaps
 
 
+@pytest.mark.parametrize("key, value", [
+    ("batch_size", 0), ("log_every", 0), ("keep_last", 0), ("loss_spike_ratio", 0.5), ("amp_dtype", "fp8"),
+    ("hellaswag_items", -1)])  # TrainerConfig's own keys and each group's: run_report, checkpointer, guard,
+def test_every_group_of_keys_is_checked_by_trainer_config(key, value):  # parallel, hellaswag_eval
+    with pytest.raises(ConfigError, match=f"trainer_config.{key}"):
+        TrainerConfig(**{key: value})
+
+
 def test_keeping_gathered_parameters_is_refused_where_nothing_is_sharded():
     with pytest.raises(ConfigError) as refused:
         TrainerConfig(reshard_after_forward=False)

@@ -75,6 +75,15 @@ def check(condition: bool, key: str, problem: str) -> None:
         raise ConfigError(key, problem)
 
 
+class KeyGroup:
+    """A group of a config section's keys, declared beside the code that reads them (TrainerConfig's
+    bases). Each group checks its own keys in __post_init__, then calls super().__post_init__() for the
+    next group's; this class ends the chain."""
+
+    def __post_init__(self) -> None:
+        pass
+
+
 def check_positive(config: object, prefix: str, *fields: str) -> None:
     """Each named field of config must be a positive number."""
     for name in fields:

@@ -9,7 +9,7 @@ from typing import Callable, Optional
 
 import torch
 
-from mingpt.common.errors import check, check_not_negative, check_positive
+from mingpt.common.errors import KeyGroup, check, check_not_negative, check_positive
 from mingpt.distributed.control import Decision, StepAgreement, StopRequested, check_signal_names
 from mingpt.distributed.divergence import DivergenceWatch, Health, SpikeRule
 from mingpt.distributed.process_group import DEFAULT_TIMEOUT_S, DistEnv, first_said, peer_failure
@@ -18,7 +18,7 @@ from mingpt.distributed.watchdog import RunWatchdog
 
 
 @dataclass
-class WatchKeys:
+class WatchKeys(KeyGroup):
     """TrainerConfig's keys of what watches a run: its stop signals, the hang watchdog, the divergence
     watch and the collectives' timeout."""
 
@@ -51,9 +51,7 @@ class WatchKeys:
         check(self.loss_spike_ratio == 0 or self.loss_spike_ratio > 1, "trainer_config.loss_spike_ratio",
               f"must be more than 1 (or 0: off), got {self.loss_spike_ratio}")
         check_signal_names(self.stop_signals, "trainer_config.stop_signals")
-        chained = getattr(super(), "__post_init__", None)  # the other groups' checks (TrainerConfig's bases)
-        if chained is not None:
-            chained()
+        super().__post_init__()  # the next group's checks (TrainerConfig's bases)
 
 
 class RunGuard:

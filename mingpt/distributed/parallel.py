@@ -48,7 +48,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from mingpt.common.errors import check, check_choice
+from mingpt.common.errors import KeyGroup, check, check_choice
 from mingpt.distributed.activation_checkpointing import CHECKPOINTING_MODES
 from mingpt.distributed.cpu_collectives import overlap_and_reuse
 from mingpt.distributed.precision import AMP_DTYPES, Precision
@@ -69,7 +69,7 @@ def check_sharding_options(method: str, cpu_offload: bool, reshard_after_forward
 
 
 @dataclass
-class ParallelKeys:
+class ParallelKeys(KeyGroup):
     """TrainerConfig's keys of how the model is placed and computed, beyond the original's use_amp
     (trainer.py)."""
 
@@ -96,9 +96,7 @@ class ParallelKeys:
         check_sharding_options(self.distributed_method, self.cpu_offload, self.reshard_after_forward)
         check_choice(self, "trainer_config", "amp_dtype", AMP_DTYPES)
         check_choice(self, "trainer_config", "activation_checkpointing", CHECKPOINTING_MODES)
-        chained = getattr(super(), "__post_init__", None)  # the other groups' checks (TrainerConfig's bases)
-        if chained is not None:
-            chained()
+        super().__post_init__()  # the next group's checks (TrainerConfig's bases)
 HSDP_MESH_DIMS = ("replicate", "shard")  # across nodes, within a node
 
 _GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)

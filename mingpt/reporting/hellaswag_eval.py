@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from mingpt.common import files
-from mingpt.common.errors import DataError, check, check_not_negative, short_reason
+from mingpt.common.errors import DataError, KeyGroup, check, check_not_negative, short_reason
 from mingpt.common.logger import log
 from mingpt.distributed.process_group import all_reduce_sum
 from mingpt.tokens.tokenizer import UnknownCharacters, Vocabulary
@@ -244,7 +244,7 @@ def shown(characters: tuple[str, ...]) -> str:
 
 
 @dataclass
-class HellaSwagKeys:
+class HellaSwagKeys(KeyGroup):
     """TrainerConfig's HellaSwag keys: scoring during training (hellaswag.py scores a snapshot)."""
 
     hellaswag_path: Optional[str] = None
@@ -261,9 +261,7 @@ class HellaSwagKeys:
         check_not_negative(self, "trainer_config", "hellaswag_every_steps", "hellaswag_items")
         check(self.hellaswag_path is None or bool(self.hellaswag_path), "trainer_config.hellaswag_path",
               "must not be empty; give HellaSwag's hellaswag_val.jsonl or null")
-        chained = getattr(super(), "__post_init__", None)  # the other groups' checks (TrainerConfig's bases)
-        if chained is not None:
-            chained()
+        super().__post_init__()  # the next group's checks (TrainerConfig's bases)
 
     def hellaswag_due(self, step: int, scored_at: Optional[int], run_ended: bool = False) -> bool:
         """Whether step's weights are scored: every hellaswag_every_steps-th step, and the run's last

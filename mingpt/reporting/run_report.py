@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from mingpt.common.errors import check_positive
+from mingpt.common.errors import KeyGroup, check_positive
 from mingpt.common.logger import clear_status, log
 from mingpt.distributed.process_group import DistEnv
 from mingpt.distributed.stragglers import StepTimes, StragglerWatch
@@ -27,7 +27,7 @@ from mingpt.storage.snapshot import Progress
 
 
 @dataclass
-class ReportKeys:
+class ReportKeys(KeyGroup):
     """TrainerConfig's keys of what a run tells its user as it trains."""
 
     log_every: int = 100
@@ -40,9 +40,7 @@ class ReportKeys:
 
     def __post_init__(self) -> None:
         check_positive(self, "trainer_config", "log_every", "progress_interval_s")
-        chained = getattr(super(), "__post_init__", None)  # the other groups' checks (TrainerConfig's bases)
-        if chained is not None:
-            chained()
+        super().__post_init__()  # the next group's checks (TrainerConfig's bases)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import torch.nn as nn
 
 from mingpt.common import files
 from mingpt.common.errors import (
+    KeyGroup,
     MinGPTError,
     SnapshotError,
     TrainingDiverged,
@@ -51,7 +52,7 @@ LOWER_LEARNING_RATE = "with a lower optimizer_config.learning_rate (or a warmup:
 
 
 @dataclass
-class SnapshotKeys:
+class SnapshotKeys(KeyGroup):
     """TrainerConfig's snapshot keys beyond the original's snapshot_path and save_every (trainer.py)."""
 
     save_every_steps: int = 0
@@ -75,9 +76,7 @@ class SnapshotKeys:
         check_positive(self, "trainer_config", "keep_last")
         check_not_negative(self, "trainer_config", "save_every_steps", "save_every_minutes")
         check_choice(self, "trainer_config", "snapshot_format", SNAPSHOT_FORMATS)
-        chained = getattr(super(), "__post_init__", None)  # the other groups' checks (TrainerConfig's bases)
-        if chained is not None:
-            chained()
+        super().__post_init__()  # the next group's checks (TrainerConfig's bases)
 
 
 @dataclass(frozen=True)
