@@ -46,7 +46,7 @@ from typing import Callable, Optional
 import numpy as np
 import psutil
 import torch
-from common import REPO, RESULTS, emit, save_json
+from common import REPO, RESULTS, emit, save_json, scratch_folder
 
 from mingpt.char_dataset import DataConfig, inputs_and_targets, open_corpus, split_dataset
 from mingpt.distributed.process_group import DistEnv
@@ -622,16 +622,8 @@ def main(argv=None) -> None:
     if args.measure_loader:
         loader_child(args)
         return
-    temporary = args.workdir is None
-    workdir = Path(tempfile.mkdtemp(prefix="bench_data_")) if temporary else args.workdir.resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    try:
+    with scratch_folder("bench_data_", given=args.workdir, keep=args.keep) as workdir:
         report = run_benchmark(args, workdir)
-    finally:
-        if temporary and not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
-        elif temporary:
-            print(f"kept {workdir}")
     print_report(report, args)
     save_json(args.json, report)
 

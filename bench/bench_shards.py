@@ -34,7 +34,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -43,7 +42,7 @@ import numpy as np
 import psutil
 import torch
 from bench_data import run_child
-from common import REPO, RESULTS, emit, save_json
+from common import REPO, RESULTS, emit, save_json, scratch_folder
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from mingpt.char_dataset import DataConfig, open_corpus, split_dataset
@@ -457,14 +456,8 @@ def main(argv=None) -> None:
     if args.measure_loader:
         loader_child(args)
         return
-    temporary = args.workdir is None
-    workdir = Path(tempfile.mkdtemp(prefix="bench_shards_")) if temporary else args.workdir.resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    try:
+    with scratch_folder("bench_shards_", given=args.workdir) as workdir:
         report = run_benchmark(args, workdir)
-    finally:
-        if temporary:
-            shutil.rmtree(workdir, ignore_errors=True)
     print_report(report)
     save_json(args.json, report)
 

@@ -185,16 +185,24 @@ def machine() -> dict:
 
 
 @contextmanager
-def scratch_folder(prefix: str) -> Iterator[Path]:
+def scratch_folder(prefix: str, given: Optional[Path] = None, keep: bool = False) -> Iterator[Path]:
     """A temporary folder for a benchmark's runs: removed once the benchmark has its figures, kept
-    (and named) when it fails, for the runs' logs."""
+    (and named) when it fails, for the runs' logs, or when asked to (keep). A folder the user gave
+    (a --workdir) is theirs: made if need be, never removed."""
+    if given is not None:
+        given.mkdir(parents=True, exist_ok=True)
+        yield given.resolve()
+        return
     folder = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         yield folder
     except BaseException:
         print(f"the runs' files are kept in {folder}", file=sys.stderr, flush=True)
         raise
-    shutil.rmtree(folder, ignore_errors=True)
+    if keep:
+        print(f"kept {folder}")
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def save_json(path: Path, payload: dict) -> None:
