@@ -94,25 +94,22 @@ class Seen:
     moved_at: float
     times: StepTimes = StepTimes()
     """Its running step times (stragglers.py)."""
-    cpu_s: float = 0.0
-    """Its process's CPU time at its last post."""
     busy: bool = False
     """Whether it kept computing over the last timeout (a CPU rank's CPU time grew; note_cpu)."""
     cpu_seen: deque = field(default_factory=deque)
-    """(when heard, CPU time) of its posts over the last timeout, and of the one before them."""
+    """(when heard, its process's CPU time) of its posts over the last timeout, and of the one before
+    them; from its first post heard on."""
 
     def note_cpu(self, now: float, cpu_s: float, window_s: float) -> None:
         """Its CPU time at a post just heard. Busy: it used BUSY_SHARE of a core over the last window_s,
         the stall a verdict looks at; not merely between two posts, an interval through which a loaded
         machine may starve a computing rank (CI: a spinning rank taken for one waiting)."""
         seen = self.cpu_seen
-        if not seen:
-            seen.append((self.heard_at, self.cpu_s))
         seen.append((now, cpu_s))
         while len(seen) > 2 and seen[1][0] <= now - window_s:
             seen.popleft()
         since, cpu_then = seen[0]
-        self.busy, self.cpu_s = cpu_s - cpu_then >= (now - since) * BUSY_SHARE, cpu_s
+        self.busy = cpu_s - cpu_then >= (now - since) * BUSY_SHARE
 
 
 def hang_verdict(seen: dict[int, Seen], now: float, timeout_s: float) -> Optional[str]:
@@ -276,7 +273,8 @@ class RunWatchdog:
             heartbeat, step, phase, item, host, pid, cpu_s, *times = json.loads(raw)
             position, before = Position(step, phase, item), seen.get(rank)
             if before is None:
-                seen[rank] = Seen(position, heartbeat, host, pid, now, now, StepTimes(*times), cpu_s)
+                seen[rank] = Seen(position, heartbeat, host, pid, now, now, StepTimes(*times),
+                                  cpu_seen=deque([(now, cpu_s)]))
                 continue
             before.times = StepTimes(*times)
             if heartbeat != before.heartbeat:

@@ -5,6 +5,7 @@ import os
 import socket
 import sys
 import time
+from collections import deque
 
 import pytest
 
@@ -15,7 +16,7 @@ TIMEOUT = 60.0
 
 def seen(step: int, phase: str, heard_at: float = 100.0, moved_at: float = 100.0, item: int = 0) -> Seen:
     return Seen(Position(step, phase, item), heartbeat=1, host="node1", pid=4242, heard_at=heard_at,
-                moved_at=moved_at)
+                moved_at=moved_at, cpu_seen=deque([(heard_at, 0.0)]))
 
 
 def test_a_rank_not_heard_from_is_named_with_where_it_was_and_who_waits():
