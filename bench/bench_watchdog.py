@@ -32,7 +32,7 @@ BLOCK = 128  # the default model's
 def one_step(trainer: Trainer, batches) -> float:
     """A step as Trainer._run_epoch takes it: its data, then _run_batch (which says where it is)."""
     start = time.perf_counter()
-    trainer.watch.at("data", 1)
+    trainer.guard.watch.at("data", 1)
     inputs, targets = trainer.to_device(next(batches))
     trainer._run_batch(inputs, targets)
     return time.perf_counter() - start
@@ -40,7 +40,7 @@ def one_step(trainer: Trainer, batches) -> float:
 
 def added_work_us(trainer: Trainer, repeats: int = 20_000) -> float:
     """Microseconds of the watchdog's and the clock's work in one step, timed alone."""
-    watch, clock = trainer.watch, trainer.watch.clock
+    watch, clock = trainer.guard.watch, trainer.guard.watch.clock
     start = time.perf_counter()
     for _ in range(repeats):
         watch.at("data", 1)
@@ -57,8 +57,8 @@ def compare(env, batch: int, rounds: int) -> dict:
     with benchmark_trainer(env, default.n_layer, default.n_head, default.n_embd, BLOCK,
                            batch_size=batch) as trainer:
         # As under a launcher with other ranks (the thread, which posts every few seconds, aside).
-        trainer.watch.active = True
-        trainer.watch.clock.time_arrival_at(trainer.model.input_parameters())
+        trainer.guard.watch.active = True
+        trainer.guard.time_arrivals(trainer.model.input_parameters())
         batches = iter(trainer.train_loader)
         watched, unwatched = [], []
         for _ in range(rounds + 1):

@@ -140,9 +140,7 @@ class Trainer:
                               compiled=config.compile, scaled=self.scaler.is_enabled(),
                               save_every_minutes=config.save_every_minutes)
         """The hang watchdog, the divergence watch and the step agreement (distributed/guard.py)."""
-        watch = self.guard.watch
-        if watch.active:  # alone, no rank to compare with: no step is timed
-            watch.clock.time_arrival_at(parallel.unwrap(self.model).input_parameters())
+        self.guard.time_arrivals(parallel.unwrap(self.model).input_parameters())
         self.progress = self._load_snapshot()
         self.replicas.keep(self.model, self.optimizer, self.scaler, self.progress)  # what a joining group heals
         self.steps_per_epoch = len(self.train_loader)
@@ -151,10 +149,10 @@ class Trainer:
         """The run's length in optimizer steps: the learning-rate schedule's horizon and the ETA's."""
         self.report = RunReport.open(config.report_settings(fault_tolerance), env,
                                      self.precision.matmul_dtype, parallel.unwrap(self.model).flops_per_token(),
-                                     self.total_steps, self.progress.step, watch.rank_times)
+                                     self.total_steps, self.progress.step, self.guard.watch.rank_times)
         self.step_estimate_s = self.report.monitor.step_estimate_s(config.step_samples() * self.block_size)
         """A step's time before any is measured (rank 0's, who warns; 0: unknown)."""
-        watch.check_timeout(self.step_estimate_s)
+        self.guard.watch.check_timeout(self.step_estimate_s)
 
     def _prepare_dataloader(self, dataset: Dataset, train: bool) -> DataLoader:
         """The original's _prepare_dataloader: this rank's share of a split, in the global order of
@@ -224,15 +222,13 @@ class Trainer:
         return batch_on(self.env.device, batch)
 
     def _start_epoch(self, epoch: int) -> int:
-        """Set up the sampler and RNG for epoch; return the step it starts at (0 unless resuming)."""
+        """Set up the sampler and RNG for epoch; return the step it starts at (0 unless resuming).
+        Dropout differs per rank and per epoch, yet an epoch replays exactly after a resume."""
         self.train_loader.sampler.set_epoch(epoch, start=self.progress.epoch_samples)
-        if not self.checkpointer.restore_rng(fallback_seed=self._dropout_seed(epoch)):
-            torch.manual_seed(self._dropout_seed(epoch))  # seeds the CUDA generators too
+        dropout_seed = self.config.seed + MAX_RANKS * epoch + self.data_env.rank
+        if not self.checkpointer.restore_rng(fallback_seed=dropout_seed):
+            torch.manual_seed(dropout_seed)  # seeds the CUDA generators too
         return self.progress.epoch_step
-
-    def _dropout_seed(self, epoch: int) -> int:
-        """Dropout differs per rank and per epoch, yet an epoch replays exactly after a resume."""
-        return self.config.seed + MAX_RANKS * epoch + self.data_env.rank
 
     def _run_epoch(self, epoch: int) -> None:
         """Train the rest of epoch, or until the step budget is spent (the epoch then stays open)."""

@@ -5,7 +5,7 @@ stop signals, the snapshot timer, a failed save, divergence). The Trainer's step
 original's _run_batch; it tells the guard where it is, and after each step asks it what to do.
 """
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 import torch
 
@@ -80,6 +80,12 @@ class RunGuard:
         if item is None:
             item = self._micro_batch if phase in ("forward", "backward") else 0
         self.watch.at(phase, step, item)
+
+    def time_arrivals(self, parameters: Iterable[torch.nn.Parameter]) -> None:
+        """Time each step to when these parameters' gradients arrive (stragglers.py), when there are
+        ranks to compare it with."""
+        if self.watch.active:
+            self.watch.clock.time_arrival_at(parameters)
 
     def step_taken(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, save_failed: bool) -> Decision:
         """A step's loss and gradient norm judged (on the device), and what every rank agreed on at
