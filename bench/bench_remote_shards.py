@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import fsspec
@@ -93,7 +94,7 @@ class DiskWatch:
 def steady_state(config: DataConfig, cache: Path) -> dict:
     """An epoch of the training loader at an H100 gpt2 step's pace: the batches that made it wait."""
     batch, block = GPT2_SHAPE
-    config = DataConfig(**{**vars(config), "block_size": block})
+    config = replace(config, block_size=block)
     train, test = split_dataset(open_corpus(config), config, seed=0, validation=open_corpus(config, True))
     env = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"),
                   backend="gloo")
@@ -143,7 +144,7 @@ def main(argv=None) -> None:
             config = DataConfig(path=train_glob, val_path=val, tokenizer=str(tokenizer), truncate=1.0,
                                 shards_at_once=1, shard_cache_gb=cache_gb)
             steady = steady_state(config, work / "cache" / FOLDER)
-            local = DataConfig(**{**vars(config), "path": str(work / "fineweb" / "fineweb_train_*.bin")})
+            local = replace(config, path=str(work / "fineweb" / "fineweb_train_*.bin"))
             baseline = steady_state(local, work / "cache" / FOLDER)
         finally:
             process.kill()

@@ -1,6 +1,6 @@
 """How long a stop signal takes to end a run with its snapshot, in each phase the signal can land in.
 
-    python bench/bench_stops.py [--phases startup,first_step,...] [--threads 2]
+    python bench/bench_stops.py [--phases startup,first_step,...] [--threads 2] [--json FILE]
 
 Each phase is a real run of the default model (the tutorial's 25M parameters, batch 216, block 128)
 on the default data in one process, as `python mingpt/main.py` runs it, SIGTERM sent to every
@@ -8,7 +8,7 @@ process of the run a few seconds into the phase, as Slurm's scancel, a preemptio
 send it. Per phase: the seconds from the signal to the process's end, the batch of that phase that
 was under way (a training step, an evaluation batch, a HellaSwag pass: its time read from the run's
 own lines), and the bound the project keeps: BOUND_S plus that batch (docs/snapshots.md). Results
-in bench/results/stops.json.
+in bench/results/stops.json (--json), merged with the phases already there.
 """
 import argparse
 import json
@@ -105,12 +105,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--phases", default=",".join(PHASES))
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path, default=RESULTS / "stops.json")
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as scratch:
         for phase in args.phases.split(","):
             results.append(measure(phase, Path(scratch), args.threads))
-    path = RESULTS / "stops.json"
+    path = args.json
     previous = json.loads(path.read_text())["phases"] if path.exists() else []
     kept = [entry for entry in previous if entry["phase"] not in {r["phase"] for r in results}]
     save_json(path, {"machine": machine(), "bound_s": BOUND_S, "phases": kept + results})
