@@ -61,7 +61,7 @@ import torch
 import torch.distributed as dist
 
 from mingpt.common import files
-from mingpt.common.errors import check
+from mingpt.common.errors import MinGPTError, check
 from mingpt.distributed.process_group import DistEnv, side_group
 
 STOP_EXIT_STATUS = 75
@@ -276,13 +276,16 @@ class StopSignals:
     def _on_signal(self, number: int, frame: Optional[FrameType]) -> None:
         """Note the first stop request, and stop at once when that loses nothing (CtrlC says a
         first Ctrl-C). A second signal, say during the stop's snapshot, changes nothing; a second
-        Ctrl-C quits at once, unless the stop's snapshot is written already."""
+        Ctrl-C quits at once, unless the stop's snapshot is written already. A process already ending
+        on an error of the run's (a MinGPTError on its way out, seen from here as the exception being
+        handled) only notes the signal: torchrun's SIGTERM to the other ranks once one has failed must
+        not put a traceback in place of this rank's one line (CI: a torn shard every rank met)."""
         if self.requested:
             if number == signal.SIGINT and not self.settled:
                 raise KeyboardInterrupt
             return
         self.requested = number
-        if self.at_once():
+        if self.at_once() and not isinstance(sys.exc_info()[1], MinGPTError):
             raise StopRequested(number)
 
     def quit_line(self) -> str:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from mingpt.common.errors import ConfigError
+from mingpt.common.errors import ConfigError, DataError
 from mingpt.distributed import control
 from mingpt.distributed.control import (
     INTERRUPT_EXIT_STATUS,
@@ -213,3 +213,27 @@ def test_the_process_keeps_one_set_of_handlers_that_main_opens_before_the_start_
     assert signal.getsignal(signal.SIGTERM) == signals._on_signal
     signals.close()
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_signal_while_the_process_ends_on_an_error_leaves_the_error_its_own():
+    """torchrun SIGTERMs the other ranks once one failed: a rank already on its way out with the same
+    mistake in the data says that one line, not a StopRequested traceback raised inside its cleanup
+    (CI: a torn validation shard, the signal landing in main.run's `finally`)."""
+    signals = control.StopSignals.open(["SIGTERM"], is_main=True)
+    try:
+        with pytest.raises(DataError, match="truncated"):
+            try:
+                raise DataError("data_config.val_path: val.bin is truncated; fetch it again")
+            finally:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)  # the handler runs here, the error on its way out
+        assert signals.requested == signal.SIGTERM  # noted all the same
+    finally:
+        signals.close()
+    signals = control.StopSignals.open(["SIGTERM"], is_main=True)
+    try:
+        with pytest.raises(control.StopRequested):  # with no error under way, it stops at once as before
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+    finally:
+        signals.close()
